@@ -1,0 +1,29 @@
+//! Checksums and fingerprints: XXH3-64, the same on every platform.
+
+/// Streaming XXH3-64.
+pub struct Hasher(xxhash_rust::xxh3::Xxh3);
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Hasher {
+    pub fn new() -> Hasher {
+        Hasher(xxhash_rust::xxh3::Xxh3::new())
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0.digest()
+    }
+}
+
+/// One-shot XXH3-64 of a byte string.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}

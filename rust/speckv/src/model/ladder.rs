@@ -1,0 +1,122 @@
+//! Floats become integers once: sigma becomes a *sigma code* `round(8 log2 sigma)`, computed from
+//! its bits with integer comparisons only, and a prediction's exponent turns it into a *scale
+//! code* `round(8 log2 s)` where `s = sigma / ulp(mu)` is the residual's scale in ulps.
+
+use super::params::{ModelParams, STEPS_PER_OCTAVE};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// `ceil(2^23 (2^((2i+1)/16) - 1))`: an f32 mantissa at or above entry `i` rounds
+/// `8 log2(1 + m / 2^23)` up past `i + 1/2`. (Checked against libm in the tests.)
+const MANTISSA_THRESHOLDS: [u32; 8] = [371396, 1164244, 2028851, 2971711, 3999908, 5121165, 6343903, 7677310];
+
+/// Sigma codes are clamped here; nothing finer or coarser changes any table choice.
+pub const SIGMA_CODE_MIN: i32 = -8 * 127;
+pub const SIGMA_CODE_MAX: i32 = 8 * 128;
+
+/// `round(8 log2 sigma)` from the bits of a positive finite f32; subnormals clamp to
+/// `SIGMA_CODE_MIN`. Errors name the offending value.
+pub fn sigma_code(sigma: f32) -> Result<i16> {
+    if !(sigma.is_finite() && sigma > 0.0) {
+        return Err(Error::InvalidArgument(format!("sigma must be positive and finite, got {sigma}")));
+    }
+    let bits = sigma.to_bits();
+    let exponent = (bits >> 23) as i32;
+    if exponent == 0 {
+        return Ok(SIGMA_CODE_MIN as i16);
+    }
+    let mantissa = bits & 0x7F_FFFF;
+    let step = MANTISSA_THRESHOLDS.iter().filter(|&&t| mantissa >= t).count() as i32;
+    Ok((STEPS_PER_OCTAVE * (exponent - 127) + step).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16)
+}
+
+/// Where a scale code sends a residual: table `table`, after dropping `shift` low bits that
+/// are coded uniformly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableChoice {
+    pub table: u16,
+    pub shift: u8,
+}
+
+/// Per-dtype lookups turning `(sigma code, exponent field of mu)` into a [`TableChoice`] with
+/// two array reads and a clamp.
+#[derive(Debug, Clone)]
+pub struct ScaleMap {
+    /// `-8 * log2 ulp(mu)` per exponent field.
+    exponent_offset: Vec<i32>,
+    min_code: i32,
+    max_code: i32,
+    choices: Vec<TableChoice>,
+}
+
+impl ScaleMap {
+    pub fn new(dtype: DType, params: &ModelParams) -> ScaleMap {
+        let exponent_offset = (0..1u32 << dtype.exponent_bits())
+            .map(|e| -STEPS_PER_OCTAVE * dtype.ulp_log2(e))
+            .collect();
+        let min_code = params.min_scale_code();
+        let top = params.max_scale_code();
+        // A residual is at most 2^bits ulps away, so no shift beyond the width is ever useful.
+        let max_code = top + STEPS_PER_OCTAVE * dtype.bits() as i32;
+        let choices = (min_code..=max_code)
+            .map(|code| {
+                let shift = if code > top { (code - top + STEPS_PER_OCTAVE - 1) / STEPS_PER_OCTAVE } else { 0 };
+                let table = code - STEPS_PER_OCTAVE * shift - min_code;
+                TableChoice { table: table as u16, shift: shift as u8 }
+            })
+            .collect();
+        ScaleMap { exponent_offset, min_code, max_code, choices }
+    }
+
+    #[inline(always)]
+    pub fn choose(&self, sigma_code: i16, exponent_field: u32) -> TableChoice {
+        let offset = self.exponent_offset[exponent_field as usize & (self.exponent_offset.len() - 1)];
+        let code = (sigma_code as i32 + offset).clamp(self.min_code, self.max_code);
+        self.choices[(code - self.min_code) as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_match_libm() {
+        for (i, &t) in MANTISSA_THRESHOLDS.iter().enumerate() {
+            let exact = libm::exp2((2 * i + 1) as f64 / 16.0) - 1.0;
+            assert_eq!(t, libm::ceil(exact * (1u64 << 23) as f64) as u32);
+        }
+    }
+
+    #[test]
+    fn sigma_code_is_rounded_eighth_octaves() {
+        let mut x = 1e-30f32;
+        while x < 1e30 {
+            let expected = libm::round(8.0 * libm::log2(x as f64)) as i32;
+            assert_eq!(sigma_code(x).unwrap() as i32, expected, "sigma {x}");
+            x *= 1.0137;
+        }
+        assert_eq!(sigma_code(1.0).unwrap(), 0);
+        assert_eq!(sigma_code(2.0).unwrap(), 8);
+        assert_eq!(sigma_code(f32::from_bits(1)).unwrap() as i32, SIGMA_CODE_MIN);
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(sigma_code(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn scale_choice_tracks_sigma_over_ulp() {
+        let params = ModelParams::default();
+        let map = ScaleMap::new(DType::BFloat16, &params);
+        let e_one = DType::BFloat16.exponent_field(0x3F80); // ulp 2^-7
+        // sigma = 2^-7 -> s = 1 ulp -> code 0 -> table 32 (min code -32), no shift
+        let c = map.choose(sigma_code(2f32.powi(-7)).unwrap(), e_one);
+        assert_eq!(c, TableChoice { table: 32, shift: 0 });
+        // sigma = 2^3 -> s = 2^10 ulp -> 4 octaves above the top table
+        let c = map.choose(sigma_code(8.0).unwrap(), e_one);
+        assert_eq!(c.shift, 4);
+        assert_eq!(c.table as usize, params.n_tables() - 1);
+        // tiny sigma clamps to the first table
+        assert_eq!(map.choose(sigma_code(1e-30).unwrap(), e_one), TableChoice { table: 0, shift: 0 });
+    }
+}

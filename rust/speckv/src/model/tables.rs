@@ -1,0 +1,258 @@
+//! The bank of fixed-point tables: for every scale `s` on the ladder, the quantised CDF of the
+//! mixture `w_n N(0, s^2) + w_w N(0, (k s)^2)` over integer residuals `d` in `[-R, R]`, plus an
+//! ESCAPE symbol carrying `w_e` and whatever mass falls outside the window.
+//!
+//! Tables are built once per parameter set with `libm` (a pure-Rust libm, so the same bits on
+//! every platform) and integer rounding; a digest of the bank goes into every stream and is
+//! checked on decode, so a build that computed different tables cannot silently decode wrong.
+//! Coding then only reads integers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::params::{ModelParams, STEPS_PER_OCTAVE};
+use crate::format::checksum::Hasher;
+
+/// Bits of the coarse slot -> symbol index that starts the decoder's search.
+const LOOKUP_BITS: u32 = 10;
+/// Every window has at least this half-width.
+const MIN_RADIUS: i32 = 4;
+
+/// One table, borrowed from the bank.
+#[derive(Debug, Clone, Copy)]
+pub struct Table<'a> {
+    /// Half-width `R`: symbols `0..=2R` are residuals `-R..=R`; symbol `2R + 1` is ESCAPE.
+    pub radius: i32,
+    /// `2R + 3` cumulative frequencies; `cdf[0] = 0`, last = `2^precision`.
+    pub cdf: &'a [u32],
+    /// For each of the `2^LOOKUP_BITS` coarse slots, the symbol containing its first point.
+    lookup: &'a [u16],
+    precision: u32,
+}
+
+impl<'a> Table<'a> {
+    #[inline(always)]
+    pub fn escape_symbol(&self) -> usize {
+        2 * self.radius as usize + 1
+    }
+
+    /// `(cum, freq)` of a symbol.
+    #[inline(always)]
+    pub fn interval(&self, symbol: usize) -> (u32, u32) {
+        let lo = self.cdf[symbol];
+        (lo, self.cdf[symbol + 1] - lo)
+    }
+
+    /// The symbol whose interval contains slot `q` (`q < 2^precision`).
+    #[inline(always)]
+    pub fn find(&self, q: u32) -> usize {
+        let slot = (q >> (self.precision - LOOKUP_BITS)) as usize;
+        let mut lo = self.lookup[slot] as usize;
+        let mut hi = match self.lookup.get(slot + 1) {
+            Some(&next) => next as usize,
+            None => self.escape_symbol(),
+        };
+        // Invariant: cdf[lo] <= q < cdf[hi + 1].
+        while lo < hi {
+            let mid = (lo + hi + 1) / 2;
+            if self.cdf[mid] <= q {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+}
+
+/// All tables of one parameter set, in flat arrays.
+#[derive(Debug)]
+pub struct TableBank {
+    params: ModelParams,
+    radii: Vec<i32>,
+    cdf_offsets: Vec<usize>,
+    cdfs: Vec<u32>,
+    lookups: Vec<u16>,
+    digest: u64,
+}
+
+/// `Phi(b) - Phi(a)` for a standard normal, computed where it is accurate (in the tail that
+/// does not contain zero, with erfc of positive arguments).
+fn normal_mass(a: f64, b: f64) -> f64 {
+    let r = std::f64::consts::FRAC_1_SQRT_2;
+    if a >= 0.0 {
+        0.5 * (libm::erfc(a * r) - libm::erfc(b * r))
+    } else if b <= 0.0 {
+        0.5 * (libm::erfc(-b * r) - libm::erfc(-a * r))
+    } else {
+        1.0 - 0.5 * (libm::erfc(-a * r) + libm::erfc(b * r))
+    }
+}
+
+impl TableBank {
+    /// The bank for `params`, built on first use and then shared.
+    pub fn shared(params: &ModelParams) -> Arc<TableBank> {
+        static CACHE: OnceLock<Mutex<HashMap<ModelParams, Arc<TableBank>>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut guard = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard.entry(*params).or_insert_with(|| Arc::new(TableBank::build(params))).clone()
+    }
+
+    /// Builds every table. `params` must have passed `ModelParams::validate`.
+    pub fn build(params: &ModelParams) -> TableBank {
+        let precision = params.table_precision as u32;
+        let total = 1u64 << precision;
+        let w_narrow = params.weight_narrow as f64 / 65536.0;
+        let w_wide = params.weight_wide as f64 / 65536.0;
+        let mut bank = TableBank {
+            params: *params,
+            radii: Vec::new(),
+            cdf_offsets: Vec::new(),
+            cdfs: Vec::new(),
+            lookups: Vec::new(),
+            digest: 0,
+        };
+        for t in 0..params.n_tables() {
+            let code = params.min_scale_code() + t as i32;
+            let scale = libm::exp2(code as f64 / STEPS_PER_OCTAVE as f64);
+            let wide = scale * params.wide_factor as f64;
+            let radius = (libm::ceil(params.window_scales as f64 * scale) as i32).max(MIN_RADIUS);
+            let n = 2 * radius as usize + 2;
+            let mut freqs = Vec::with_capacity(n);
+            for d in -radius..=radius {
+                let (a, b) = (d as f64 - 0.5, d as f64 + 0.5);
+                let mass = w_narrow * normal_mass(a / scale, b / scale) + w_wide * normal_mass(a / wide, b / wide);
+                freqs.push((libm::floor(mass * total as f64 + 0.5) as u64).max(1));
+            }
+            let in_window: u64 = freqs.iter().sum();
+            freqs.push(total.saturating_sub(in_window).max(1));
+            // Rounding leaves the sum a little off; the residual goes to (or comes from) the
+            // most probable symbols, from the centre outwards, keeping every frequency >= 1.
+            let sum: u64 = freqs.iter().sum();
+            let mut excess = sum as i64 - total as i64;
+            let centre = radius as usize;
+            let mut k = 0usize;
+            while excess != 0 {
+                let i = if k % 2 == 0 { centre + k / 2 } else { centre - (k + 1) / 2 };
+                if excess < 0 {
+                    freqs[i] += (-excess) as u64;
+                    excess = 0;
+                } else {
+                    let take = (freqs[i] - 1).min(excess as u64);
+                    freqs[i] -= take;
+                    excess -= take as i64;
+                }
+                k += 1;
+            }
+            bank.radii.push(radius);
+            bank.cdf_offsets.push(bank.cdfs.len());
+            let start = bank.cdfs.len();
+            bank.cdfs.push(0);
+            let mut acc = 0u64;
+            for f in &freqs {
+                acc += f;
+                bank.cdfs.push(acc as u32);
+            }
+            debug_assert_eq!(acc, total);
+            let cdf = &bank.cdfs[start..];
+            let mut symbol = 0usize;
+            for slot in 0..1u64 << LOOKUP_BITS {
+                let q = (slot << (precision - LOOKUP_BITS)) as u32;
+                while cdf[symbol + 1] <= q {
+                    symbol += 1;
+                }
+                bank.lookups.push(symbol as u16);
+            }
+        }
+        bank.cdf_offsets.push(bank.cdfs.len());
+        let mut h = Hasher::new();
+        for r in &bank.radii {
+            h.update(&r.to_le_bytes());
+        }
+        for c in &bank.cdfs {
+            h.update(&c.to_le_bytes());
+        }
+        bank.digest = h.finish();
+        bank
+    }
+
+    pub fn params(&self) -> &ModelParams {
+        &self.params
+    }
+
+    /// Digest of every table's radius and CDF.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    pub fn len(&self) -> usize {
+        self.radii.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.radii.is_empty()
+    }
+
+    #[inline(always)]
+    pub fn table(&self, index: usize) -> Table<'_> {
+        let lut = 1usize << LOOKUP_BITS;
+        Table {
+            radius: self.radii[index],
+            cdf: &self.cdfs[self.cdf_offsets[index]..self.cdf_offsets[index + 1]],
+            lookup: &self.lookups[index * lut..(index + 1) * lut],
+            precision: self.params.table_precision as u32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_is_a_valid_distribution_and_find_inverts_interval() {
+        let bank = TableBank::build(&ModelParams::default());
+        let total = 1u32 << 24;
+        assert_eq!(bank.len(), ModelParams::default().n_tables());
+        for t in 0..bank.len() {
+            let table = bank.table(t);
+            assert_eq!(table.cdf.len(), 2 * table.radius as usize + 3);
+            assert_eq!(*table.cdf.last().unwrap(), total);
+            for s in 0..=table.escape_symbol() {
+                let (cum, freq) = table.interval(s);
+                assert!(freq >= 1, "table {t} symbol {s} has zero frequency");
+                assert_eq!(table.find(cum), s);
+                assert_eq!(table.find(cum + freq - 1), s);
+            }
+            // symmetric around zero and decreasing away from it
+            let r = table.radius as usize;
+            for k in 1..=r {
+                assert_eq!(table.interval(r + k).1, table.interval(r - k).1, "table {t} asymmetric at {k}");
+                assert!(table.interval(r + k).1 <= table.interval(r + k - 1).1);
+            }
+        }
+    }
+
+    #[test]
+    fn tables_track_the_continuous_mixture() {
+        let params = ModelParams::default();
+        let bank = TableBank::build(&params);
+        // At s = 8 ulps the narrow component's peak is about 0.95 / (8 sqrt(2 pi)).
+        let t = (3 * STEPS_PER_OCTAVE - params.min_scale_code()) as usize;
+        let table = bank.table(t);
+        let p0 = table.interval(table.radius as usize).1 as f64 / (1u64 << 24) as f64;
+        let expected = 0.95 * normal_mass(-0.5 / 8.0, 0.5 / 8.0) + 0.03 * normal_mass(-0.5 / 24.0, 0.5 / 24.0);
+        assert!((p0 / expected - 1.0).abs() < 1e-5, "{p0} vs {expected}");
+        let escape = table.interval(table.escape_symbol()).1 as f64 / (1u64 << 24) as f64;
+        assert!((escape - 1311.0 / 65536.0).abs() < 5e-5, "escape {escape}");
+    }
+
+    #[test]
+    fn digest_is_pinned() {
+        // A changed digest means every existing stream is refused: bump the format version.
+        let bank = TableBank::build(&ModelParams::default());
+        assert_eq!(bank.digest(), PINNED_DIGEST, "digest now {:#x}", bank.digest());
+    }
+
+    const PINNED_DIGEST: u64 = 0xb920_f85a_fb4b_681d;
+}
