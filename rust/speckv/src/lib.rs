@@ -2,13 +2,26 @@
 //!
 //! A predictor guesses every scalar (`mu`) with a typical error (`sigma`); the range coder
 //! spends about `-log2 q(x)` bits on the true value under a Gaussian mixture around the guess.
-//! This crate is the pure-Rust core: coder, tables, adaptive models, container, threading.
+//! This crate is the pure-Rust core: coder, tables, adaptive models, container, threading. It
+//! has no Python and no GPU code; `speckv-py` is a thin binding over [`codec`].
+//!
+//! Where to find things: the coder and its invariants in [`coder`], the tables and adaptive
+//! models in [`model`], the byte layout in [`format::header`], per-chunk coding in [`chunk`],
+//! threading in [`parallel`].
 
+pub mod chunk;
 pub mod coder;
+pub mod codec;
 pub mod dtype;
 pub mod error;
 pub mod format;
 pub mod model;
+pub mod parallel;
+pub mod prediction;
+pub mod words;
 
+pub use codec::{decode_into, encode, ideal_bits, info, EncodeOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use prediction::{Prediction, SigmaCodes};
+pub use words::{Bits, BitsMut, Word};

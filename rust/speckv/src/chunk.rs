@@ -1,0 +1,142 @@
+//! Coding one chunk: a run of consecutive scalars with its own coder and adaptive state, so
+//! chunks are independent of each other (and of the thread that codes them).
+//!
+//! Predicted mode, per scalar (DESIGN §3):
+//! 1. `d = ord(x) - ord(mu)`, the residual in ulps of the prediction;
+//! 2. `(table, shift)` from the sigma code and mu's exponent (`ladder::ScaleMap`);
+//! 3. with `h = 2^(shift-1)` (0 when `shift = 0`): the table codes `(d + h) >> shift` when it
+//!    lies in the window, then the `shift` low bits of `d + h` go uniformly; otherwise the
+//!    table's ESCAPE symbol is coded, then the raw pattern of `x` (`raw::RawPatternModel`).
+//!
+//! Predictor-free mode: each scalar's raw pattern with a model chosen by its channel.
+
+use std::sync::Arc;
+
+use crate::coder::{RangeDecoder, SymbolSink};
+use crate::error::Error;
+use crate::model::ladder::ScaleMap;
+use crate::model::{ModelParams, RawPatternModel, TableBank};
+use crate::prediction::SigmaCodes;
+use crate::words::Word;
+use crate::DType;
+
+/// Everything fixed for a whole stream that coding a chunk needs.
+pub struct StreamModel {
+    pub dtype: DType,
+    pub params: ModelParams,
+    pub bank: Arc<TableBank>,
+    pub scales: ScaleMap,
+    /// Predictor-free contexts: scalar `i` uses model `(i % context_period) % raw_contexts`.
+    pub raw_contexts: usize,
+    pub context_period: usize,
+}
+
+impl StreamModel {
+    pub fn new(dtype: DType, params: ModelParams, raw_contexts: usize, context_period: usize) -> StreamModel {
+        StreamModel {
+            dtype,
+            params,
+            bank: TableBank::shared(&params),
+            scales: ScaleMap::new(dtype, &params),
+            raw_contexts: raw_contexts.max(1),
+            context_period: context_period.max(1),
+        }
+    }
+
+    /// Codes `x` (scalars `start..`) against predictions `mu` / `sigma`.
+    pub fn encode_predicted<W: Word, S: SymbolSink>(
+        &self,
+        sink: &mut S,
+        x: &[W],
+        mu: &[W],
+        sigma: &SigmaCodes,
+        start: usize,
+    ) {
+        let dtype = self.dtype;
+        let mut escapes = RawPatternModel::new(dtype, &self.params);
+        let mut cursor = sigma.cursor(start);
+        for (&xw, &mw) in x.iter().zip(mu) {
+            let (x_bits, mu_bits) = (xw.to_u32(), mw.to_u32());
+            let choice = self.scales.choose(cursor.next_code(), dtype.exponent_field(mu_bits));
+            let table = self.bank.table(choice.table as usize);
+            let shift = choice.shift as u32;
+            let half = (1i64 << shift) >> 1;
+            let biased = dtype.ordinal(x_bits) - dtype.ordinal(mu_bits) + half;
+            let symbol = (biased >> shift) + table.radius as i64;
+            if symbol >= 0 && symbol < table.escape_symbol() as i64 {
+                let (cum, freq) = table.interval(symbol as usize);
+                sink.put(cum, freq, self.params.table_precision as u32);
+                sink.put_bits((biased & ((1i64 << shift) - 1)) as u32, shift);
+            } else {
+                let (cum, freq) = table.interval(table.escape_symbol());
+                sink.put(cum, freq, self.params.table_precision as u32);
+                escapes.encode(sink, x_bits);
+            }
+        }
+    }
+
+    /// Inverse of `encode_predicted`; fills `out` (same length as `mu`).
+    pub fn decode_predicted<W: Word>(
+        &self,
+        dec: &mut RangeDecoder,
+        out: &mut [W],
+        mu: &[W],
+        sigma: &SigmaCodes,
+        start: usize,
+    ) {
+        let dtype = self.dtype;
+        let precision = self.params.table_precision as u32;
+        let mut escapes = RawPatternModel::new(dtype, &self.params);
+        let mut cursor = sigma.cursor(start);
+        for (slot, &mw) in out.iter_mut().zip(mu) {
+            let mu_bits = mw.to_u32();
+            let choice = self.scales.choose(cursor.next_code(), dtype.exponent_field(mu_bits));
+            let table = self.bank.table(choice.table as usize);
+            let q = dec.peek(precision);
+            let symbol = table.find(q);
+            let (cum, freq) = table.interval(symbol);
+            dec.consume(cum, freq);
+            let bits = if symbol == table.escape_symbol() {
+                escapes.decode(dec)
+            } else {
+                let shift = choice.shift as u32;
+                let half = (1i64 << shift) >> 1;
+                let high = symbol as i64 - table.radius as i64;
+                let low = dec.get_bits(shift) as i64;
+                let residual = (high << shift) + low - half;
+                dtype.from_ordinal(dtype.ordinal(mu_bits).wrapping_add(residual))
+            };
+            *slot = W::from_u32(bits);
+        }
+    }
+
+    fn raw_models(&self) -> Vec<RawPatternModel> {
+        vec![RawPatternModel::new(self.dtype, &self.params); self.raw_contexts]
+    }
+
+    #[inline(always)]
+    fn context(&self, index: usize) -> usize {
+        (index % self.context_period) % self.raw_contexts
+    }
+
+    /// Predictor-free coding of scalars `start..`.
+    pub fn encode_raw<W: Word, S: SymbolSink>(&self, sink: &mut S, x: &[W], start: usize) {
+        let mut models = self.raw_models();
+        for (i, &xw) in x.iter().enumerate() {
+            models[self.context(start + i)].encode(sink, xw.to_u32());
+        }
+    }
+
+    pub fn decode_raw<W: Word>(&self, dec: &mut RangeDecoder, out: &mut [W], start: usize) {
+        let mut models = self.raw_models();
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = W::from_u32(models[self.context(start + i)].decode(dec));
+        }
+    }
+}
+
+/// The error for a chunk whose coded words do not end where the encoder ended them.
+pub(crate) fn unclean_end(chunk: usize) -> Error {
+    Error::Corrupt(format!("chunk {chunk}: coded data does not end where its scalars do"))
+}
+

@@ -1,0 +1,280 @@
+//! The whole-tensor API: encode, decode, ideal code length, stream info.
+
+use crate::chunk::{unclean_end, StreamModel};
+use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder};
+use crate::error::{invalid, Error, Result};
+use crate::format::checksum::{checksum, Hasher};
+use crate::format::header::{chunk_count, ChunkEntry, Header, FLAG_PREDICTED, MAX_CHUNK_SCALARS, MAX_SCALARS};
+use crate::model::ModelParams;
+use crate::parallel::{for_each_piece_mut, map_chunks};
+use crate::prediction::{chunk_fingerprint, Prediction, MAX_NDIM};
+use crate::words::{Bits, BitsMut, Word};
+use crate::DType;
+
+/// Scalars per chunk unless told otherwise: small enough for a layer to spread over threads,
+/// large enough that the 32-byte index entry and the coder's last word cost < 0.05%.
+pub const DEFAULT_CHUNK_SCALARS: u32 = 1 << 17;
+/// Predictor-free contexts: one per channel up to this many.
+pub const DEFAULT_RAW_CONTEXTS: usize = 64;
+
+/// How to encode.
+#[derive(Debug, Clone)]
+pub struct EncodeOptions {
+    pub threads: usize,
+    pub chunk_scalars: u32,
+    pub params: ModelParams,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions { threads: 1, chunk_scalars: DEFAULT_CHUNK_SCALARS, params: ModelParams::default() }
+    }
+}
+
+fn shape_scalars(shape: &[u64]) -> Result<u64> {
+    if shape.len() > MAX_NDIM {
+        return invalid(format!("x: {} dimensions (at most {MAX_NDIM})", shape.len()));
+    }
+    shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d).filter(|&p| p <= MAX_SCALARS))
+        .ok_or_else(|| Error::InvalidArgument(format!("x: more than {MAX_SCALARS} scalars")))
+}
+
+fn check_prediction(dtype: DType, shape: &[u64], n: usize, prediction: &Prediction) -> Result<()> {
+    prediction.mu.check(dtype, n, "mu")?;
+    let sigma_shape: Vec<u64> = prediction.sigma.shape().iter().map(|&d| d as u64).collect();
+    if sigma_shape != shape {
+        return invalid(format!("sigma: broadcast to {sigma_shape:?}, but x has shape {shape:?}"));
+    }
+    Ok(())
+}
+
+/// Layout facts shared by encode and ideal_bits.
+fn stream_model(dtype: DType, shape: &[u64], params: ModelParams) -> Result<StreamModel> {
+    params.validate().map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let period = shape.last().copied().unwrap_or(1).max(1) as usize;
+    Ok(StreamModel::new(dtype, params, period.min(DEFAULT_RAW_CONTEXTS), period))
+}
+
+/// Dispatches on the word width, binding `$w` to `&[u8]`, `&[u16]` or `&[u32]`, and the
+/// prediction's `mu` to a slice of the same type.
+macro_rules! with_words {
+    ($bits:expr, $prediction:expr, |$x:ident, $mu:ident| $body:expr) => {
+        match ($bits, $prediction.map(|p| p.mu)) {
+            (Bits::U8($x), None) => { let $mu: Option<&[u8]> = None; $body }
+            (Bits::U16($x), None) => { let $mu: Option<&[u16]> = None; $body }
+            (Bits::U32($x), None) => { let $mu: Option<&[u32]> = None; $body }
+            (Bits::U8($x), Some(Bits::U8(m))) => { let $mu = Some(m); $body }
+            (Bits::U16($x), Some(Bits::U16(m))) => { let $mu = Some(m); $body }
+            (Bits::U32($x), Some(Bits::U32(m))) => { let $mu = Some(m); $body }
+            _ => return invalid("mu: word width differs from x"),
+        }
+    };
+}
+
+fn fingerprint_of(chunks: &[ChunkEntry]) -> u64 {
+    let mut h = Hasher::new();
+    for c in chunks {
+        h.update(&c.fingerprint.to_le_bytes());
+    }
+    h.finish()
+}
+
+/// Encodes the scalars `x` (bit patterns of `dtype`, C order, `shape`) into a stream.
+pub fn encode(
+    x: Bits,
+    dtype: DType,
+    shape: &[u64],
+    prediction: Option<&Prediction>,
+    options: &EncodeOptions,
+) -> Result<Vec<u8>> {
+    let n = shape_scalars(shape)? as usize;
+    x.check(dtype, n, "x")?;
+    if let Some(p) = prediction {
+        check_prediction(dtype, shape, n, p)?;
+    }
+    if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
+        return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
+    }
+    let model = stream_model(dtype, shape, options.params)?;
+    let chunk = options.chunk_scalars as usize;
+    let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
+    let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, prediction, |x, mu| {
+        map_chunks(options.threads, n_chunks, |i| {
+            let range = i * chunk..((i + 1) * chunk).min(n);
+            let mut enc = RangeEncoder::with_capacity_words(range.len() * dtype.bits() as usize / 64 + 4);
+            let fingerprint = match (mu, prediction) {
+                (Some(mu), Some(p)) => {
+                    let mu = &mu[range.clone()];
+                    model.encode_predicted(&mut enc, &x[range.clone()], mu, &p.sigma, range.start);
+                    chunk_fingerprint(dtype, &model.scales, mu, &p.sigma, range.start)
+                }
+                _ => {
+                    model.encode_raw(&mut enc, &x[range.clone()], range.start);
+                    0
+                }
+            };
+            Ok((enc.finish(), fingerprint))
+        })?
+    });
+    let mut header = Header {
+        flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 },
+        dtype,
+        shape: shape.to_vec(),
+        chunk_scalars: options.chunk_scalars,
+        n_scalars: n as u64,
+        params: options.params,
+        raw_contexts: model.raw_contexts as u16,
+        context_period: model.context_period.min(u32::MAX as usize) as u32,
+        table_digest: if prediction.is_some() { model.bank.digest() } else { 0 },
+        fingerprint: 0,
+        chunks: Vec::with_capacity(n_chunks),
+    };
+    let mut offset = crate::format::header::header_len(shape.len(), n_chunks) as u64;
+    for (bytes, fingerprint) in &payloads {
+        let length = u32::try_from(bytes.len()).map_err(|_| Error::InvalidArgument("chunk too large".into()))?;
+        header.chunks.push(ChunkEntry { offset, length, checksum: checksum(bytes), fingerprint: *fingerprint });
+        offset += length as u64;
+    }
+    if prediction.is_some() {
+        header.fingerprint = fingerprint_of(&header.chunks);
+    }
+    let mut stream = header.write();
+    stream.reserve_exact(offset as usize - stream.len());
+    for (bytes, _) in payloads {
+        stream.extend_from_slice(&bytes);
+    }
+    Ok(stream)
+}
+
+/// Bits the model asks for, summed over every scalar: what a perfect coder driven by exactly
+/// the model of `encode` would spend on the payloads (no header, no coder overhead).
+pub fn ideal_bits(
+    x: Bits,
+    dtype: DType,
+    shape: &[u64],
+    prediction: Option<&Prediction>,
+    options: &EncodeOptions,
+) -> Result<f64> {
+    let n = shape_scalars(shape)? as usize;
+    x.check(dtype, n, "x")?;
+    if let Some(p) = prediction {
+        check_prediction(dtype, shape, n, p)?;
+    }
+    let model = stream_model(dtype, shape, options.params)?;
+    let chunk = options.chunk_scalars.clamp(1, MAX_CHUNK_SCALARS) as usize;
+    let n_chunks = n.div_ceil(chunk);
+    let per_chunk: Vec<f64> = with_words!(x, prediction, |x, mu| {
+        map_chunks(options.threads, n_chunks, |i| {
+            let range = i * chunk..((i + 1) * chunk).min(n);
+            let mut meter = IdealMeter::default();
+            match (mu, prediction) {
+                (Some(mu), Some(p)) => {
+                    model.encode_predicted(&mut meter, &x[range.clone()], &mu[range.clone()], &p.sigma, range.start)
+                }
+                _ => model.encode_raw(&mut meter, &x[range.clone()], range.start),
+            }
+            Ok(meter.bits)
+        })?
+    });
+    Ok(per_chunk.iter().sum())
+}
+
+/// Parses and validates a stream's header.
+pub fn info(stream: &[u8]) -> Result<Header> {
+    Header::parse(stream)
+}
+
+fn decode_words<W: Word>(
+    stream: &[u8],
+    header: &Header,
+    model: &StreamModel,
+    out: &mut [W],
+    mu: Option<&[W]>,
+    prediction: Option<&Prediction>,
+    threads: usize,
+) -> Result<()> {
+    let chunk = header.chunk_scalars as usize;
+    let payload = |i: usize| {
+        let c = &header.chunks[i];
+        &stream[c.offset as usize..c.offset as usize + c.length as usize]
+    };
+    // Everything is checked before anything is decoded: payload checksums, and the
+    // fingerprint of the decoder's own integer predictions against the encoder's.
+    map_chunks(threads, header.chunks.len(), |i| {
+        if checksum(payload(i)) != header.chunks[i].checksum {
+            return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
+        }
+        if let (Some(mu), Some(p)) = (mu, prediction) {
+            let range = header.chunk_scalar_range(i);
+            let fp = chunk_fingerprint(header.dtype, &model.scales, &mu[range.clone()], &p.sigma, range.start);
+            if fp != header.chunks[i].fingerprint {
+                return Err(Error::PredictionMismatch(format!(
+                    "the mu/sigma given differ from the encoder's (first at chunk {i}, scalars {}..{})",
+                    range.start, range.end
+                )));
+            }
+        }
+        Ok(())
+    })?;
+    for_each_piece_mut(threads, out, chunk, |i, piece| {
+        let start = i * chunk;
+        let mut dec = RangeDecoder::new(payload(i));
+        match (mu, prediction) {
+            (Some(mu), Some(p)) => model.decode_predicted(&mut dec, piece, &mu[start..start + piece.len()], &p.sigma, start),
+            _ => model.decode_raw(&mut dec, piece, start),
+        }
+        if dec.finished_cleanly() {
+            Ok(())
+        } else {
+            Err(unclean_end(i))
+        }
+    })
+}
+
+/// Decodes `stream` into `out` (as many words as the stream has scalars, of its dtype's
+/// width). `prediction` must be the one the stream was made with. Returns the header.
+pub fn decode_into(stream: &[u8], out: BitsMut, prediction: Option<&Prediction>, threads: usize) -> Result<Header> {
+    let header = Header::parse(stream)?;
+    let n = header.n_scalars as usize;
+    if out.width_bits() != header.dtype.bits() || out.len() != n {
+        return invalid(format!(
+            "out: {} words of {} bits given; the stream holds {n} {} scalars",
+            out.len(),
+            out.width_bits(),
+            header.dtype.name()
+        ));
+    }
+    match (header.predicted(), prediction) {
+        (true, None) => {
+            return Err(Error::PredictionMismatch("the stream was coded with mu/sigma; give the same to decode".into()))
+        }
+        (false, Some(_)) => {
+            return Err(Error::PredictionMismatch("the stream was coded without mu/sigma; give none to decode".into()))
+        }
+        (_, Some(p)) => check_prediction(header.dtype, &header.shape, n, p)?,
+        _ => {}
+    }
+    let model = StreamModel::new(header.dtype, header.params, header.raw_contexts as usize, header.context_period as usize);
+    if header.predicted() {
+        if model.bank.digest() != header.table_digest {
+            return Err(Error::Unsupported(
+                "the stream's probability tables differ from the ones this build computes".into(),
+            ));
+        }
+        if fingerprint_of(&header.chunks) != header.fingerprint {
+            return Err(Error::Corrupt("prediction fingerprint disagrees with the chunk index".into()));
+        }
+    }
+    match (out, prediction.map(|p| p.mu)) {
+        (BitsMut::U8(o), Some(Bits::U8(m))) => decode_words(stream, &header, &model, o, Some(m), prediction, threads),
+        (BitsMut::U16(o), Some(Bits::U16(m))) => decode_words(stream, &header, &model, o, Some(m), prediction, threads),
+        (BitsMut::U32(o), Some(Bits::U32(m))) => decode_words(stream, &header, &model, o, Some(m), prediction, threads),
+        (BitsMut::U8(o), None) => decode_words(stream, &header, &model, o, None, None, threads),
+        (BitsMut::U16(o), None) => decode_words(stream, &header, &model, o, None, None, threads),
+        (BitsMut::U32(o), None) => decode_words(stream, &header, &model, o, None, None, threads),
+        _ => invalid("mu: word width differs from the stream's dtype"),
+    }?;
+    Ok(header)
+}

@@ -1,0 +1,329 @@
+//! Stream header and chunk index, format version 1. All integers little-endian.
+//!
+//! ```text
+//! offset  size        field
+//! 0       4           magic "SPKV"
+//! 4       2           format version (1)
+//! 6       2           flags (FLAG_PREDICTED; other bits must be 0)
+//! 8       1           dtype code (DType discriminant)
+//! 9       1           ndim (0..=8)
+//! 10      2           reserved, 0
+//! 12      4           scalars per chunk (the last chunk may hold fewer)
+//! 16      8           number of scalars (= product of the shape)
+//! 24      8 * ndim    shape
+//! +0      16          model parameters (MODEL_PARAMS_LEN, see write_params)
+//! +16     2           predictor-free contexts
+//! +18     2           reserved, 0
+//! +20     4           context period (scalars per channel cycle, the last dimension)
+//! +24     8           table-bank digest (0 when not predicted)
+//! +32     8           prediction fingerprint: XXH3 over the chunks' fingerprints (0 if none)
+//! +40     4           number of chunks
+//! +44     4           reserved, 0
+//! +48     32 * chunks chunk index: offset u64 (from stream start), length u32, reserved u32,
+//!                     checksum u64 (XXH3 of the chunk's bytes), prediction fingerprint u64
+//! ..      8           header checksum: XXH3 of every byte above
+//! ..                  chunk payloads, back to back, in index order, to the end of the stream
+//! ```
+
+use super::checksum::{checksum, Hasher};
+use crate::error::{corrupt, Error, Result};
+use crate::model::ModelParams;
+use crate::prediction::MAX_NDIM;
+use crate::DType;
+
+pub const MAGIC: [u8; 4] = *b"SPKV";
+pub const FORMAT_VERSION: u16 = 1;
+/// The stream was coded against a prediction (`mu`, `sigma`); otherwise predictor-free.
+pub const FLAG_PREDICTED: u16 = 1 << 0;
+const KNOWN_FLAGS: u16 = FLAG_PREDICTED;
+
+const FIXED_LEN: usize = 24;
+const MODEL_PARAMS_LEN: usize = 16;
+const TAIL_LEN: usize = MODEL_PARAMS_LEN + 32;
+const CHUNK_ENTRY_LEN: usize = 32;
+const CHECKSUM_LEN: usize = 8;
+
+/// Largest tensor a stream may describe (2^40 scalars). A decoder refuses larger claims
+/// before allocating anything.
+pub const MAX_SCALARS: u64 = 1 << 40;
+/// Largest chunk (2^24 scalars).
+pub const MAX_CHUNK_SCALARS: u32 = 1 << 24;
+/// Largest number of predictor-free contexts.
+pub const MAX_RAW_CONTEXTS: u16 = 256;
+/// Every coded scalar costs at least `-log2(1 - 2^-12)` bits (escape weight and adaptive
+/// floors, see `ModelParams::validate` and `model::adaptive`), fewer than 2^15 per byte; a chunk
+/// claiming more scalars than `(length + 8) << 15` is corrupt. This bounds the output a small
+/// stream can make a decoder allocate.
+pub const MAX_SCALARS_PER_BYTE_LOG2: u32 = 15;
+
+/// One chunk's entry in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkEntry {
+    pub offset: u64,
+    pub length: u32,
+    pub checksum: u64,
+    pub fingerprint: u64,
+}
+
+/// Everything in front of the payloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub flags: u16,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub chunk_scalars: u32,
+    pub n_scalars: u64,
+    pub params: ModelParams,
+    pub raw_contexts: u16,
+    pub context_period: u32,
+    pub table_digest: u64,
+    pub fingerprint: u64,
+    pub chunks: Vec<ChunkEntry>,
+}
+
+/// Number of chunks `n` scalars split into.
+pub fn chunk_count(n_scalars: u64, chunk_scalars: u32) -> u64 {
+    n_scalars.div_ceil(chunk_scalars as u64)
+}
+
+pub fn header_len(ndim: usize, n_chunks: usize) -> usize {
+    FIXED_LEN + 8 * ndim + TAIL_LEN + CHUNK_ENTRY_LEN * n_chunks + CHECKSUM_LEN
+}
+
+fn write_params(out: &mut Vec<u8>, p: &ModelParams) {
+    out.push(p.table_precision);
+    out.push(p.min_scale_log2 as u8);
+    out.push(p.max_scale_log2 as u8);
+    out.push(p.window_scales);
+    out.extend_from_slice(&p.weight_narrow.to_le_bytes());
+    out.extend_from_slice(&p.weight_wide.to_le_bytes());
+    out.extend_from_slice(&p.weight_escape.to_le_bytes());
+    out.push(p.wide_factor);
+    out.push(p.adapt_shift);
+    out.extend_from_slice(&p.adapt_increment.to_le_bytes());
+    out.extend_from_slice(&p.adapt_period.to_le_bytes());
+}
+
+/// Bounds-checked little-endian reader.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
+        match end {
+            Some(end) => {
+                let s = &self.bytes[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => corrupt(format!("truncated: header needs more than the {} bytes given", self.bytes.len())),
+        }
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+}
+
+fn read_params(r: &mut Reader) -> Result<ModelParams> {
+    Ok(ModelParams {
+        table_precision: r.u8()?,
+        min_scale_log2: r.u8()? as i8,
+        max_scale_log2: r.u8()? as i8,
+        window_scales: r.u8()?,
+        weight_narrow: r.u16()?,
+        weight_wide: r.u16()?,
+        weight_escape: r.u16()?,
+        wide_factor: r.u8()?,
+        adapt_shift: r.u8()?,
+        adapt_increment: r.u16()?,
+        adapt_period: r.u16()?,
+    })
+}
+
+impl Header {
+    pub fn predicted(&self) -> bool {
+        self.flags & FLAG_PREDICTED != 0
+    }
+
+    /// Serialises the header (with its checksum) in front of the payloads.
+    pub fn write(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(header_len(self.shape.len(), self.chunks.len()));
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.push(self.dtype as u8);
+        out.push(self.shape.len() as u8);
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.chunk_scalars.to_le_bytes());
+        out.extend_from_slice(&self.n_scalars.to_le_bytes());
+        for d in &self.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        write_params(&mut out, &self.params);
+        out.extend_from_slice(&self.raw_contexts.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.context_period.to_le_bytes());
+        out.extend_from_slice(&self.table_digest.to_le_bytes());
+        out.extend_from_slice(&self.fingerprint.to_le_bytes());
+        out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        for c in &self.chunks {
+            out.extend_from_slice(&c.offset.to_le_bytes());
+            out.extend_from_slice(&c.length.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(&c.checksum.to_le_bytes());
+            out.extend_from_slice(&c.fingerprint.to_le_bytes());
+        }
+        let sum = checksum(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Parses and validates a header against the whole stream `bytes`. Every count is checked
+    /// against the bytes actually present before it sizes anything; chunk payloads are not
+    /// read here (their checksums are checked when they are decoded).
+    pub fn parse(bytes: &[u8]) -> Result<Header> {
+        let mut r = Reader { bytes, pos: 0 };
+        if bytes.len() < 4 || bytes[..4] != MAGIC {
+            return Err(Error::Unsupported("not a speckv stream (bad magic)".into()));
+        }
+        r.take(4)?;
+        let version = r.u16()?;
+        if version != FORMAT_VERSION {
+            return Err(Error::Unsupported(format!("format version {version}; this build reads {FORMAT_VERSION}")));
+        }
+        let flags = r.u16()?;
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(Error::Unsupported(format!("unknown flags {flags:#06x}")));
+        }
+        let dtype_code = r.u8()?;
+        let ndim = r.u8()? as usize;
+        if ndim > MAX_NDIM {
+            return corrupt(format!("{ndim} dimensions (at most {MAX_NDIM})"));
+        }
+        if r.u16()? != 0 {
+            return corrupt("reserved header bytes are not zero");
+        }
+        let chunk_scalars = r.u32()?;
+        let n_scalars = r.u64()?;
+        let mut shape = Vec::with_capacity(ndim);
+        let mut product = 1u64;
+        for _ in 0..ndim {
+            let d = r.u64()?;
+            product = product.checked_mul(d).filter(|&p| p <= MAX_SCALARS).ok_or_else(|| {
+                Error::Corrupt(format!("shape has more than {MAX_SCALARS} scalars"))
+            })?;
+            shape.push(d);
+        }
+        if product != n_scalars {
+            return corrupt(format!("shape holds {product} scalars but the header says {n_scalars}"));
+        }
+        if chunk_scalars == 0 || chunk_scalars > MAX_CHUNK_SCALARS {
+            return corrupt(format!("{chunk_scalars} scalars per chunk (1..={MAX_CHUNK_SCALARS})"));
+        }
+        let params = read_params(&mut r)?;
+        let raw_contexts = r.u16()?;
+        if r.u16()? != 0 {
+            return corrupt("reserved header bytes are not zero");
+        }
+        let context_period = r.u32()?;
+        let table_digest = r.u64()?;
+        let fingerprint = r.u64()?;
+        let n_chunks = r.u32()? as u64;
+        if r.u32()? != 0 {
+            return corrupt("reserved header bytes are not zero");
+        }
+        if n_chunks != chunk_count(n_scalars, chunk_scalars) {
+            return corrupt(format!("{n_chunks} chunks for {n_scalars} scalars in chunks of {chunk_scalars}"));
+        }
+        // The index must fit in the bytes we have before we allocate room for it.
+        let index_len = n_chunks.checked_mul(CHUNK_ENTRY_LEN as u64).unwrap_or(u64::MAX);
+        if index_len > (bytes.len() - r.pos) as u64 {
+            return corrupt("truncated: the chunk index runs past the end");
+        }
+        let dtype = DType::from_code(dtype_code)?;
+        let mut chunks = Vec::with_capacity(n_chunks as usize);
+        for _ in 0..n_chunks {
+            let offset = r.u64()?;
+            let length = r.u32()?;
+            if r.u32()? != 0 {
+                return corrupt("reserved chunk-index bytes are not zero");
+            }
+            let checksum = r.u64()?;
+            let fingerprint = r.u64()?;
+            chunks.push(ChunkEntry { offset, length, checksum, fingerprint });
+        }
+        let covered = r.pos;
+        let stored = r.u64()?;
+        let mut h = Hasher::new();
+        h.update(&bytes[..covered]);
+        if h.finish() != stored {
+            return Err(Error::Checksum("header checksum does not match".into()));
+        }
+        // From here the header is what the encoder wrote; the checks below catch an encoder
+        // (or a forger who recomputed the checksum) writing nonsense.
+        params.validate()?;
+        if raw_contexts == 0 || raw_contexts > MAX_RAW_CONTEXTS {
+            return corrupt(format!("{raw_contexts} predictor-free contexts (1..={MAX_RAW_CONTEXTS})"));
+        }
+        if context_period == 0 {
+            return corrupt("context period is zero");
+        }
+        let mut expected_offset = r.pos as u64;
+        for (i, c) in chunks.iter().enumerate() {
+            if c.offset != expected_offset {
+                return corrupt(format!("chunk {i} starts at {} instead of {expected_offset}", c.offset));
+            }
+            if c.length < 4 || c.length % 4 != 0 {
+                return corrupt(format!("chunk {i} has length {}", c.length));
+            }
+            let scalars = if i as u64 + 1 == n_chunks {
+                n_scalars - chunk_scalars as u64 * i as u64
+            } else {
+                chunk_scalars as u64
+            };
+            if scalars > (c.length as u64 + 8) << MAX_SCALARS_PER_BYTE_LOG2 {
+                return corrupt(format!("chunk {i} claims {scalars} scalars in {} bytes", c.length));
+            }
+            expected_offset += c.length as u64;
+        }
+        if expected_offset != bytes.len() as u64 {
+            return corrupt(format!(
+                "payloads end at byte {expected_offset} but the stream has {} bytes",
+                bytes.len()
+            ));
+        }
+        Ok(Header {
+            flags,
+            dtype,
+            shape,
+            chunk_scalars,
+            n_scalars,
+            params,
+            raw_contexts,
+            context_period,
+            table_digest,
+            fingerprint,
+            chunks,
+        })
+    }
+
+    /// Range of scalars chunk `i` holds.
+    pub fn chunk_scalar_range(&self, i: usize) -> std::ops::Range<usize> {
+        let start = i * self.chunk_scalars as usize;
+        let end = (start + self.chunk_scalars as usize).min(self.n_scalars as usize);
+        start..end
+    }
+}

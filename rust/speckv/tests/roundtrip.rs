@@ -1,0 +1,155 @@
+//! Whole-stream round trips, determinism across thread counts, and hostile input.
+
+use speckv::codec::EncodeOptions;
+use speckv::model::ladder::sigma_code;
+use speckv::{decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, Prediction, SigmaCodes};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn normal(&mut self) -> f32 {
+        let u1 = (self.next() >> 11) as f64 / (1u64 << 53) as f64 + 1e-300;
+        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+}
+
+fn bf16(v: f32) -> u16 {
+    // round to nearest even, as ml_dtypes does for finite values
+    let b = v.to_bits();
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// KV-like data: per-channel sigma, x = mu + noise, a few outliers.
+fn kv_like(rows: usize, channels: usize, seed: u64) -> (Vec<u16>, Vec<u16>, Vec<i16>) {
+    let mut rng = Rng(seed);
+    let sig: Vec<f32> = (0..channels).map(|c| 0.01 * 10f32.powf(2.0 * c as f32 / channels as f32)).collect();
+    let mut x = Vec::new();
+    let mut mu = Vec::new();
+    for _ in 0..rows {
+        for s in &sig {
+            let m = rng.normal() * 2.0;
+            let mut v = m + rng.normal() * s;
+            if rng.next() % 200 == 0 {
+                v = m + rng.normal() * 50.0 * s;
+            }
+            mu.push(bf16(m));
+            x.push(bf16(v));
+        }
+    }
+    let codes = sig.iter().map(|&s| sigma_code(s).unwrap()).collect();
+    (x, mu, codes)
+}
+
+#[test]
+fn predicted_bf16_round_trips_identically_on_any_thread_count() {
+    let (rows, ch) = (3000, 64);
+    let (x, mu, codes) = kv_like(rows, ch, 1);
+    let shape = [rows as u64, ch as u64];
+    let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
+    let pred = Prediction { mu: Bits::U16(&mu), sigma };
+    let mut opts = EncodeOptions { chunk_scalars: 20_000, ..Default::default() };
+    let one = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
+    opts.threads = 3;
+    let three = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
+    assert_eq!(one, three);
+    for threads in [1, 2, 5] {
+        let mut out = vec![0u16; x.len()];
+        decode_into(&one, BitsMut::U16(&mut out), Some(&pred), threads).unwrap();
+        assert_eq!(out, x);
+    }
+    let ideal = ideal_bits(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
+    let header = info(&one).unwrap();
+    let payload: u64 = header.chunks.iter().map(|c| c.length as u64).sum();
+    let ratio = payload as f64 * 8.0 / ideal;
+    assert!(ratio < 1.003 && ratio > 0.999, "coded / ideal = {ratio}");
+    let bits_per_scalar = ideal / x.len() as f64;
+    assert!(bits_per_scalar < 10.0, "{bits_per_scalar} bits/scalar");
+}
+
+#[test]
+fn predictor_free_round_trips_every_dtype() {
+    let mut rng = Rng(9);
+    for dtype in DType::ALL {
+        let n = 10_000usize;
+        let shape = [100u64, 100];
+        let mut out_ok = true;
+        match dtype.bits() {
+            8 => {
+                let x: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let s = encode(Bits::U8(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
+                let mut out = vec![0u8; n];
+                decode_into(&s, BitsMut::U8(&mut out), None, 2).unwrap();
+                out_ok &= out == x;
+            }
+            16 => {
+                let x: Vec<u16> = (0..n).map(|_| rng.next() as u16).collect();
+                let s = encode(Bits::U16(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
+                let mut out = vec![0u16; n];
+                decode_into(&s, BitsMut::U16(&mut out), None, 2).unwrap();
+                out_ok &= out == x;
+            }
+            _ => {
+                let x: Vec<u32> = (0..n).map(|_| rng.next() as u32).collect();
+                let s = encode(Bits::U32(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
+                let mut out = vec![0u32; n];
+                decode_into(&s, BitsMut::U32(&mut out), None, 2).unwrap();
+                out_ok &= out == x;
+            }
+        }
+        assert!(out_ok, "{dtype:?}");
+    }
+}
+
+fn small_stream() -> (Vec<u8>, Vec<u16>, Vec<u16>, Vec<i16>) {
+    let (x, mu, codes) = kv_like(20, 16, 5);
+    let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
+    let pred = Prediction { mu: Bits::U16(&mu), sigma };
+    let opts = EncodeOptions { chunk_scalars: 100, ..Default::default() };
+    let s = encode(Bits::U16(&x), DType::BFloat16, &[20, 16], Some(&pred), &opts).unwrap();
+    (s, x, mu, codes)
+}
+
+#[test]
+fn every_bit_flip_and_truncation_is_reported() {
+    let (stream, x, mu, codes) = small_stream();
+    let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
+    let pred = Prediction { mu: Bits::U16(&mu), sigma };
+    let mut out = vec![0u16; x.len()];
+    for byte in 0..stream.len() {
+        for bit in 0..8 {
+            let mut s = stream.clone();
+            s[byte] ^= 1 << bit;
+            match decode_into(&s, BitsMut::U16(&mut out), Some(&pred), 1) {
+                Ok(_) => assert_eq!(out, x, "flip at {byte}.{bit} decoded to something else"),
+                Err(Error::InvalidArgument(m)) => panic!("flip at {byte}.{bit} blamed the caller: {m}"),
+                Err(_) => {}
+            }
+        }
+    }
+    for len in 0..stream.len() {
+        assert!(decode_into(&stream[..len], BitsMut::U16(&mut out), Some(&pred), 1).is_err());
+    }
+    let mut longer = stream.clone();
+    longer.extend_from_slice(&[0, 0, 0, 0]);
+    assert!(decode_into(&longer, BitsMut::U16(&mut out), Some(&pred), 1).is_err());
+}
+
+#[test]
+fn perturbed_prediction_is_a_mismatch() {
+    let (stream, x, mut mu, codes) = small_stream();
+    mu[77] ^= 0x0100;
+    let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
+    let pred = Prediction { mu: Bits::U16(&mu), sigma };
+    let mut out = vec![0u16; x.len()];
+    let err = decode_into(&stream, BitsMut::U16(&mut out), Some(&pred), 1).unwrap_err();
+    assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
+    let err = decode_into(&stream, BitsMut::U16(&mut out), None, 1).unwrap_err();
+    assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
+}
