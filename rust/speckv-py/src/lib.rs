@@ -1,3 +1,253 @@
+//! Thin PyO3 binding of the speckv core. Every function is: extract the arguments, release the
+//! GIL, call the core, map the error. Array conversion (dtypes, broadcasting, torch) lives in
+//! the Python package; here arrays arrive as flat, C-contiguous integer arrays.
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use speckv::codec::EncodeOptions;
+use speckv::format::Header;
+use speckv::model::ladder;
+use speckv::{Bits, BitsMut, DType, Error, Prediction, SigmaCodes};
+
+create_exception!(_speckv, SpeckvError, PyValueError, "Base class of every error speckv raises.");
+create_exception!(_speckv, CorruptStreamError, SpeckvError, "The bytes are not a valid speckv stream.");
+create_exception!(_speckv, ChecksumError, CorruptStreamError, "A checksum did not match: the stream was altered.");
+create_exception!(
+    _speckv,
+    UnsupportedStreamError,
+    CorruptStreamError,
+    "Not a speckv stream, or a format version or feature this build cannot read."
+);
+create_exception!(
+    _speckv,
+    PredictionMismatchError,
+    SpeckvError,
+    "The mu/sigma given to decode are not the ones the stream was encoded with."
+);
+
+fn to_py(err: Error) -> PyErr {
+    match err {
+        Error::InvalidArgument(m) => SpeckvError::new_err(m),
+        Error::Unsupported(m) => UnsupportedStreamError::new_err(m),
+        Error::Corrupt(m) => CorruptStreamError::new_err(m),
+        Error::Checksum(m) => ChecksumError::new_err(m),
+        Error::PredictionMismatch(m) => PredictionMismatchError::new_err(m),
+    }
+}
+
+/// A flat read-only integer array of one of the three word widths.
+enum Words<'py> {
+    U8(PyReadonlyArray1<'py, u8>),
+    U16(PyReadonlyArray1<'py, u16>),
+    U32(PyReadonlyArray1<'py, u32>),
+}
+
+impl<'py> Words<'py> {
+    fn extract(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+        if let Ok(a) = obj.downcast::<PyArray1<u16>>() {
+            return Ok(Words::U16(a.try_readonly()?));
+        }
+        if let Ok(a) = obj.downcast::<PyArray1<u8>>() {
+            return Ok(Words::U8(a.try_readonly()?));
+        }
+        if let Ok(a) = obj.downcast::<PyArray1<u32>>() {
+            return Ok(Words::U32(a.try_readonly()?));
+        }
+        Err(PyTypeError::new_err(format!("{what}: expected a 1-D uint8, uint16 or uint32 numpy array")))
+    }
+
+    fn bits(&self, what: &str) -> PyResult<Bits<'_>> {
+        let not_contiguous = |_| PyValueError::new_err(format!("{what}: array must be C-contiguous"));
+        Ok(match self {
+            Words::U8(a) => Bits::U8(a.as_slice().map_err(not_contiguous)?),
+            Words::U16(a) => Bits::U16(a.as_slice().map_err(not_contiguous)?),
+            Words::U32(a) => Bits::U32(a.as_slice().map_err(not_contiguous)?),
+        })
+    }
+}
+
+fn dtype(name: &str) -> PyResult<DType> {
+    DType::from_name(name).map_err(|e| PyTypeError::new_err(format!("dtype: {e}")))
+}
+
+/// Extracted prediction arguments; `prediction()` borrows them for the core.
+struct PredictionArgs<'py> {
+    mu: Words<'py>,
+    codes: PyReadonlyArray1<'py, i16>,
+    strides: Vec<usize>,
+    shape: Vec<usize>,
+}
+
+impl<'py> PredictionArgs<'py> {
+    fn extract(
+        mu: Option<&Bound<'py, PyAny>>,
+        sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
+        sigma_strides: Option<Vec<usize>>,
+        shape: &[u64],
+    ) -> PyResult<Option<Self>> {
+        match (mu, sigma_codes, sigma_strides) {
+            (None, None, None) => Ok(None),
+            (Some(mu), Some(codes), Some(strides)) => Ok(Some(PredictionArgs {
+                mu: Words::extract(mu, "mu")?,
+                codes,
+                strides,
+                shape: shape.iter().map(|&d| d as usize).collect(),
+            })),
+            _ => Err(PyValueError::new_err("mu, sigma_codes and sigma_strides go together")),
+        }
+    }
+
+    fn prediction(&self) -> PyResult<Prediction<'_>> {
+        let codes = self.codes.as_slice().map_err(|_| PyValueError::new_err("sigma: codes must be C-contiguous"))?;
+        let sigma = SigmaCodes::new(codes, &self.shape, &self.strides).map_err(to_py)?;
+        Ok(Prediction { mu: self.mu.bits("mu")?, sigma })
+    }
+}
+
+fn options(threads: usize, chunk_scalars: u32) -> EncodeOptions {
+    EncodeOptions { threads, chunk_scalars, ..Default::default() }
+}
+
+/// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
+#[pyfunction]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false))]
+#[allow(clippy::too_many_arguments)]
+fn encode<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    dtype_name: &str,
+    shape: Vec<u64>,
+    mu: Option<&Bound<'py, PyAny>>,
+    sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
+    sigma_strides: Option<Vec<usize>>,
+    threads: usize,
+    chunk_scalars: u32,
+    torch_hint: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let dtype = dtype(dtype_name)?;
+    let x = Words::extract(x, "x")?;
+    let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
+    let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
+    let x_bits = x.bits("x")?;
+    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars) };
+    let stream = py
+        .allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts))
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &stream))
+}
+
+/// Ideal code length in bits under exactly the model `encode` uses.
+#[pyfunction]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS))]
+#[allow(clippy::too_many_arguments)]
+fn ideal_bits<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    dtype_name: &str,
+    shape: Vec<u64>,
+    mu: Option<&Bound<'py, PyAny>>,
+    sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
+    sigma_strides: Option<Vec<usize>>,
+    threads: usize,
+    chunk_scalars: u32,
+) -> PyResult<f64> {
+    let dtype = dtype(dtype_name)?;
+    let x = Words::extract(x, "x")?;
+    let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
+    let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
+    let x_bits = x.bits("x")?;
+    let opts = options(threads, chunk_scalars);
+    py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
+}
+
+/// Decodes `data` (a uint8 array over the stream) into `out`, a flat writable array.
+#[pyfunction]
+#[pyo3(signature = (data, out, mu=None, sigma_codes=None, sigma_strides=None, threads=1))]
+fn decode_into<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    out: &Bound<'py, PyAny>,
+    mu: Option<&Bound<'py, PyAny>>,
+    sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
+    sigma_strides: Option<Vec<usize>>,
+    threads: usize,
+) -> PyResult<()> {
+    let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
+    let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &header.shape)?;
+    let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
+    let bad_out = || PyTypeError::new_err("out: expected a writable 1-D uint8, uint16 or uint32 array");
+    macro_rules! run {
+        ($t:ty, $variant:ident) => {{
+            let mut arr: PyReadwriteArray1<$t> =
+                out.downcast::<PyArray1<$t>>().map_err(|_| bad_out())?.try_readwrite()?;
+            let slice = arr.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+            py.allow_threads(|| speckv::decode_into(stream, BitsMut::$variant(slice), prediction.as_ref(), threads))
+                .map_err(to_py)?;
+        }};
+    }
+    match header.dtype.bits() {
+        8 => run!(u8, U8),
+        16 => run!(u16, U16),
+        _ => run!(u32, U32),
+    }
+    Ok(())
+}
+
+/// Header facts of a stream, validated.
+#[pyfunction]
+fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound<'py, PyDict>> {
+    let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let h = Header::parse(stream).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("version", speckv::format::FORMAT_VERSION)?;
+    d.set_item("dtype", h.dtype.name())?;
+    d.set_item("shape", h.shape.clone())?;
+    d.set_item("predicted", h.predicted())?;
+    d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
+    d.set_item("n_scalars", h.n_scalars)?;
+    d.set_item("chunk_scalars", h.chunk_scalars)?;
+    d.set_item("chunks", h.chunks.len())?;
+    let payload: u64 = h.chunks.iter().map(|c| c.length as u64).sum();
+    d.set_item("payload_bytes", payload)?;
+    d.set_item("header_bytes", stream.len() as u64 - payload)?;
+    d.set_item("total_bytes", stream.len())?;
+    d.set_item("raw_bytes", h.n_scalars * h.dtype.bytes() as u64)?;
+    let bits = if h.n_scalars > 0 { stream.len() as f64 * 8.0 / h.n_scalars as f64 } else { 0.0 };
+    d.set_item("bits_per_scalar", bits)?;
+    d.set_item("table_digest", format!("{:016x}", h.table_digest))?;
+    d.set_item("fingerprint", format!("{:016x}", h.fingerprint))?;
+    Ok(d)
+}
+
+/// `round(8 log2 sigma)` of each float32 sigma, as int16; raises naming `sigma`.
+#[pyfunction]
+fn sigma_codes<'py>(py: Python<'py>, sigma: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<i16>>> {
+    let values = sigma.as_slice().map_err(|_| PyValueError::new_err("sigma must be contiguous"))?;
+    let codes = py
+        .allow_threads(|| values.iter().map(|&s| ladder::sigma_code(s)).collect::<Result<Vec<i16>, Error>>())
+        .map_err(|e| SpeckvError::new_err(format!("sigma: {e}")))?;
+    Ok(PyArray1::from_vec(py, codes))
+}
+
 #[pymodule]
-fn _speckv(_m: &Bound<'_, PyModule>) -> PyResult<()> { Ok(()) }
+fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(encode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_into, m)?)?;
+    m.add_function(wrap_pyfunction!(ideal_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(info, m)?)?;
+    m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
+    m.add("SpeckvError", py.get_type::<SpeckvError>())?;
+    m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
+    m.add("ChecksumError", py.get_type::<ChecksumError>())?;
+    m.add("UnsupportedStreamError", py.get_type::<UnsupportedStreamError>())?;
+    m.add("PredictionMismatchError", py.get_type::<PredictionMismatchError>())?;
+    m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
+    m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
+    Ok(())
+}

@@ -4,7 +4,7 @@ use crate::chunk::{unclean_end, StreamModel};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder};
 use crate::error::{invalid, Error, Result};
 use crate::format::checksum::{checksum, Hasher};
-use crate::format::header::{chunk_count, ChunkEntry, Header, FLAG_PREDICTED, MAX_CHUNK_SCALARS, MAX_SCALARS};
+use crate::format::header::{chunk_count, ChunkEntry, Header, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{chunk_fingerprint, Prediction, MAX_NDIM};
@@ -23,11 +23,13 @@ pub struct EncodeOptions {
     pub threads: usize,
     pub chunk_scalars: u32,
     pub params: ModelParams,
+    /// Sets `FLAG_TORCH_HINT` (a note for bindings; it changes nothing else).
+    pub torch_hint: bool,
 }
 
 impl Default for EncodeOptions {
     fn default() -> Self {
-        EncodeOptions { threads: 1, chunk_scalars: DEFAULT_CHUNK_SCALARS, params: ModelParams::default() }
+        EncodeOptions { threads: 1, chunk_scalars: DEFAULT_CHUNK_SCALARS, params: ModelParams::default(), torch_hint: false }
     }
 }
 
@@ -119,7 +121,8 @@ pub fn encode(
         })?
     });
     let mut header = Header {
-        flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 },
+        flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
+            | if options.torch_hint { FLAG_TORCH_HINT } else { 0 },
         dtype,
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,

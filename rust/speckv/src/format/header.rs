@@ -4,7 +4,7 @@
 //! offset  size        field
 //! 0       4           magic "SPKV"
 //! 4       2           format version (1)
-//! 6       2           flags (FLAG_PREDICTED; other bits must be 0)
+//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT; other bits must be 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
 //! 10      2           reserved, 0
@@ -35,7 +35,9 @@ pub const MAGIC: [u8; 4] = *b"SPKV";
 pub const FORMAT_VERSION: u16 = 1;
 /// The stream was coded against a prediction (`mu`, `sigma`); otherwise predictor-free.
 pub const FLAG_PREDICTED: u16 = 1 << 0;
-const KNOWN_FLAGS: u16 = FLAG_PREDICTED;
+/// The encoder's caller held a torch tensor: bindings hand back one. Decoding ignores it.
+pub const FLAG_TORCH_HINT: u16 = 1 << 1;
+const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT;
 
 const FIXED_LEN: usize = 24;
 const MODEL_PARAMS_LEN: usize = 16;

@@ -1,0 +1,176 @@
+"""The public numpy/torch API over the Rust core."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _arrays, _speckv
+from ._speckv import PredictionMismatchError
+
+THREADS_ENV = "SPECKV_NUM_THREADS"
+
+
+def resolve_threads(threads: Optional[int]) -> int:
+    """`threads`, else $SPECKV_NUM_THREADS, else every core."""
+    if threads is None:
+        env = os.environ.get(THREADS_ENV)
+        if env is not None:
+            try:
+                threads = int(env)
+            except ValueError:
+                raise ValueError(f"{THREADS_ENV}={env!r} is not an integer") from None
+        else:
+            threads = os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads: expected an int, got {type(threads).__name__}")
+    if threads < 1:
+        raise ValueError(f"threads: must be at least 1, got {threads}")
+    return int(threads)
+
+
+def _prediction(
+    shape: tuple[int, ...], name: str, mu: Any, sigma: Any
+) -> tuple[Optional[np.ndarray], Optional[np.ndarray], Optional[list[int]]]:
+    """mu as flat words of the target dtype; sigma as int16 codes plus broadcast strides."""
+    if mu is None and sigma is None:
+        return None, None, None
+    if mu is None:
+        raise ValueError("sigma was given without mu: give both or neither")
+    if sigma is None:
+        raise ValueError("mu was given without sigma: give both or neither")
+    mu_np = _arrays.to_numpy(mu)
+    if mu_np.dtype.kind not in "fV" and mu_np.dtype.name not in _arrays.SUPPORTED_DTYPES:
+        raise TypeError(f"mu: expected a floating-point array, got dtype {mu_np.dtype}")
+    if tuple(mu_np.shape) != shape:
+        raise ValueError(f"mu: shape {tuple(mu_np.shape)} differs from x's shape {shape}")
+    target = _arrays.numpy_dtype(name)
+    if mu_np.dtype != target:
+        # Round to the target format once, here; the coder then only sees integers.
+        with np.errstate(over="ignore", invalid="ignore"):
+            mu_np = mu_np.astype(target)
+    mu_words = _arrays.words_of(mu_np, name)
+
+    sigma_np = _arrays.to_numpy(sigma)
+    if sigma_np.dtype.kind not in "fiuV" and sigma_np.dtype.name not in _arrays.SUPPORTED_DTYPES:
+        raise TypeError(f"sigma: expected positive floats, got dtype {sigma_np.dtype}")
+    sigma_np = np.asarray(sigma_np, dtype=np.float32)
+    try:
+        broadcast = np.broadcast_shapes(sigma_np.shape, shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != shape:
+        raise ValueError(f"sigma: shape {sigma_np.shape} does not broadcast to x's shape {shape}")
+    codes = _speckv.sigma_codes(np.ascontiguousarray(sigma_np).reshape(-1)).reshape(sigma_np.shape)
+    view = np.broadcast_to(codes, shape)
+    strides = [s // codes.itemsize for s in view.strides]
+    return mu_words, np.ascontiguousarray(codes).reshape(-1), strides
+
+
+def _target(x: Any) -> tuple[np.ndarray, str]:
+    if not (isinstance(x, np.ndarray) or _arrays.is_torch(x)):
+        raise TypeError(f"x: expected a numpy array or torch tensor, got {type(x).__name__}")
+    name = _arrays.dtype_name(x, "x")
+    return _arrays.to_numpy(x), name
+
+
+def encode(
+    x: Any,
+    mu: Any = None,
+    sigma: Any = None,
+    *,
+    threads: Optional[int] = None,
+    chunk_size: Optional[int] = None,
+) -> bytes:
+    """Compress `x` losslessly, against the prediction `mu` with typical error `sigma` if given.
+
+    `x` is a numpy array (ml_dtypes bfloat16 / float8, float16, float32) or a torch tensor.
+    `mu` has x's shape and any float dtype (it is rounded to x's dtype once); `sigma` holds
+    positive floats broadcastable to x's shape (a per-channel vector is the usual case). Give
+    the same `mu` and `sigma` to `decode`. Without them, a predictor-free adaptive model is used.
+
+    >>> import numpy as np, ml_dtypes, speckv
+    >>> x = np.linspace(-1, 1, 4096, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    >>> data = speckv.encode(x)
+    >>> bool((speckv.decode(data).view(np.uint16) == x.view(np.uint16)).all())
+    True
+    """
+    x_np, name = _target(x)
+    shape = tuple(int(d) for d in x_np.shape)
+    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
+    return _speckv.encode(
+        _arrays.words_of(x_np, name),
+        name,
+        list(shape),
+        mu_words,
+        codes,
+        strides,
+        threads=resolve_threads(threads),
+        chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
+        torch_hint=_arrays.is_torch(x),
+    )
+
+
+def _stream_array(data: Any) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise TypeError("data: expected bytes or a 1-D uint8 array")
+        return np.ascontiguousarray(data)
+    try:
+        return np.frombuffer(data, dtype=np.uint8)
+    except TypeError:
+        raise TypeError(f"data: expected bytes-like, got {type(data).__name__}") from None
+
+
+def info(data: Any) -> dict[str, Any]:
+    """Facts about a stream (validated header): version, dtype, shape, chunks, sizes, bits per
+    scalar."""
+    return _speckv.info(_stream_array(data))
+
+
+def decode(data: Any, mu: Any = None, sigma: Any = None, *, threads: Optional[int] = None) -> Any:
+    """Decompress a stream from `encode`, bit for bit, with the same `mu` and `sigma`.
+
+    Returns a numpy array of the original dtype and shape, or a CPU torch tensor if `encode`
+    was given a torch tensor (and torch is importable) or `mu` is a torch tensor. Raises
+    `PredictionMismatchError` if `mu`/`sigma` are not the encoder's, `CorruptStreamError`
+    (or its subclass `ChecksumError`) if the bytes were damaged.
+    """
+    arr = _stream_array(data)
+    meta = _speckv.info(arr)
+    name = meta["dtype"]
+    shape = tuple(meta["shape"])
+    if mu is not None:
+        mu_shape = tuple(_arrays.to_numpy(mu).shape)
+        if mu_shape != shape:
+            raise PredictionMismatchError(f"mu: shape {mu_shape} differs from the stream's shape {shape}")
+    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
+    out = np.empty(shape, dtype=_arrays.numpy_dtype(name))
+    _speckv.decode_into(
+        arr,
+        out.reshape(-1).view(_arrays.word_dtype(name)),
+        mu_words,
+        codes,
+        strides,
+        threads=resolve_threads(threads),
+    )
+    if meta["torch_hint"] or _arrays.is_torch(mu):
+        try:
+            return _arrays.to_torch(out)
+        except ImportError:
+            return out
+    return out
+
+
+def ideal_bits(x: Any, mu: Any = None, sigma: Any = None) -> float:
+    """Bits a perfect coder would spend on `x` under exactly the model `encode` uses (payload
+    only; headers and coder overhead excluded), so `8 * len(encode(...)) / ideal_bits(...)`
+    is the real coder's overhead."""
+    x_np, name = _target(x)
+    shape = tuple(int(d) for d in x_np.shape)
+    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
+    return _speckv.ideal_bits(
+        _arrays.words_of(x_np, name), name, list(shape), mu_words, codes, strides, threads=resolve_threads(None)
+    )
