@@ -1,1 +1,112 @@
-fn main() {}
+//! Criterion benches: table-bank construction, the raw range coder, and whole-tensor
+//! encode/decode on a KV-like workload (1 thread and 2 threads).
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use speckv::codec::EncodeOptions;
+use speckv::coder::{RangeDecoder, RangeEncoder, SymbolSink};
+use speckv::model::ladder::sigma_code;
+use speckv::model::{ModelParams, TableBank};
+use speckv::{decode_into, encode, Bits, BitsMut, DType, Prediction, SigmaCodes};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn normal(&mut self) -> f32 {
+        let u1 = (self.next() >> 11) as f64 / (1u64 << 53) as f64 + 1e-300;
+        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+}
+
+fn bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<u16>, Vec<i16>) {
+    let mut rng = Rng(42);
+    let sig: Vec<f32> = (0..channels).map(|c| 0.003 * 100f32.powf(c as f32 / channels as f32)).collect();
+    let (mut x, mut mu) = (Vec::new(), Vec::new());
+    for _ in 0..rows {
+        for s in &sig {
+            let m = rng.normal();
+            let mut noise = rng.normal() * s;
+            if rng.next() % 200 == 0 {
+                noise *= 20.0;
+            }
+            mu.push(bf16(m));
+            x.push(bf16(m + noise));
+        }
+    }
+    (x, mu, sig.iter().map(|&s| sigma_code(s).unwrap()).collect())
+}
+
+fn benches(c: &mut Criterion) {
+    c.bench_function("table_bank_build", |b| b.iter(|| TableBank::build(black_box(&ModelParams::default()))));
+
+    let n = 1 << 20;
+    let mut g = c.benchmark_group("range_coder");
+    g.throughput(Throughput::Elements(n as u64));
+    let mut rng = Rng(1);
+    let syms: Vec<u32> = (0..n).map(|_| (rng.next() % 4000) as u32).collect();
+    g.bench_function("encode_uniform_4096", |b| {
+        b.iter(|| {
+            let mut e = RangeEncoder::new();
+            for &s in &syms {
+                e.put(s << 12, 1 << 12, 24);
+            }
+            e.finish()
+        })
+    });
+    let mut e = RangeEncoder::new();
+    for &s in &syms {
+        e.put(s << 12, 1 << 12, 24);
+    }
+    let coded = e.finish();
+    g.bench_function("decode_uniform_4096", |b| {
+        b.iter(|| {
+            let mut d = RangeDecoder::new(&coded);
+            let mut acc = 0u32;
+            for _ in 0..n {
+                let q = d.peek(24) >> 12;
+                d.consume(q << 12, 1 << 12);
+                acc = acc.wrapping_add(q);
+            }
+            acc
+        })
+    });
+    g.finish();
+
+    let (rows, ch) = (4096, 256);
+    let (x, mu, codes) = workload(rows, ch);
+    let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
+    let pred = Prediction { mu: Bits::U16(&mu), sigma };
+    let shape = [rows as u64, ch as u64];
+    let mut g = c.benchmark_group("kv_bf16");
+    g.throughput(Throughput::Elements(x.len() as u64));
+    g.sample_size(10);
+    for threads in [1usize, 2] {
+        let opts = EncodeOptions { threads, ..Default::default() };
+        g.bench_function(format!("encode_{threads}t"), |b| {
+            b.iter(|| encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap())
+        });
+        let stream = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
+        let mut out = vec![0u16; x.len()];
+        g.bench_function(format!("decode_{threads}t"), |b| {
+            b.iter(|| decode_into(&stream, BitsMut::U16(&mut out), Some(&pred), threads).unwrap())
+        });
+    }
+    g.bench_function("encode_predictor_free_1t", |b| {
+        b.iter(|| encode(Bits::U16(&x), DType::BFloat16, &shape, None, &EncodeOptions::default()).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(coder, benches);
+criterion_main!(coder);

@@ -16,7 +16,7 @@ use crate::coder::{RangeDecoder, SymbolSink};
 use crate::error::Error;
 use crate::model::ladder::ScaleMap;
 use crate::model::{ModelParams, RawPatternModel, TableBank};
-use crate::prediction::SigmaCodes;
+use crate::prediction::{CHOICE_SHIFT_POS, CHOICE_TABLE_MASK};
 use crate::words::Word;
 use crate::DType;
 
@@ -43,70 +43,45 @@ impl StreamModel {
         }
     }
 
-    /// Codes `x` (scalars `start..`) against predictions `mu` / `sigma`.
-    pub fn encode_predicted<W: Word, S: SymbolSink>(
-        &self,
-        sink: &mut S,
-        x: &[W],
-        mu: &[W],
-        sigma: &SigmaCodes,
-        start: usize,
-    ) {
-        let dtype = self.dtype;
-        let mut escapes = RawPatternModel::new(dtype, &self.params);
-        let mut cursor = sigma.cursor(start);
-        for (&xw, &mw) in x.iter().zip(mu) {
-            let (x_bits, mu_bits) = (xw.to_u32(), mw.to_u32());
-            let choice = self.scales.choose(cursor.next_code(), dtype.exponent_field(mu_bits));
-            let table = self.bank.table(choice.table as usize);
-            let shift = choice.shift as u32;
+    /// Codes `x` against predictions `mu`, with the packed table choices of
+    /// `prediction::choices_and_fingerprint`.
+    pub fn encode_predicted<W: Word, S: SymbolSink>(&self, sink: &mut S, x: &[W], mu: &[W], choices: &[u16]) {
+        let precision = self.params.table_precision as u32;
+        let mut escapes = RawPatternModel::new(self.dtype, &self.params);
+        for ((&xw, &mw), &choice) in x.iter().zip(mu).zip(choices) {
+            let shift = (choice >> CHOICE_SHIFT_POS) as u32;
             let half = (1i64 << shift) >> 1;
-            let biased = dtype.ordinal(x_bits) - dtype.ordinal(mu_bits) + half;
-            let symbol = (biased >> shift) + table.radius as i64;
-            if symbol >= 0 && symbol < table.escape_symbol() as i64 {
-                let (cum, freq) = table.interval(symbol as usize);
-                sink.put(cum, freq, self.params.table_precision as u32);
-                sink.put_bits((biased & ((1i64 << shift) - 1)) as u32, shift);
+            let biased = xw.ordinal() - mw.ordinal() + half;
+            let (cum, freq, escaped) = self.bank.encode_interval((choice & CHOICE_TABLE_MASK) as usize, biased >> shift);
+            sink.put(cum, freq, precision);
+            if escaped {
+                escapes.encode(sink, xw.to_u32());
             } else {
-                let (cum, freq) = table.interval(table.escape_symbol());
-                sink.put(cum, freq, self.params.table_precision as u32);
-                escapes.encode(sink, x_bits);
+                sink.put_bits((biased & ((1i64 << shift) - 1)) as u32, shift);
             }
         }
     }
 
-    /// Inverse of `encode_predicted`; fills `out` (same length as `mu`).
-    pub fn decode_predicted<W: Word>(
-        &self,
-        dec: &mut RangeDecoder,
-        out: &mut [W],
-        mu: &[W],
-        sigma: &SigmaCodes,
-        start: usize,
-    ) {
-        let dtype = self.dtype;
+    /// Inverse of `encode_predicted`; fills `out` (same length as `mu` and `choices`).
+    pub fn decode_predicted<W: Word>(&self, dec: &mut RangeDecoder, out: &mut [W], mu: &[W], choices: &[u16]) {
         let precision = self.params.table_precision as u32;
-        let mut escapes = RawPatternModel::new(dtype, &self.params);
-        let mut cursor = sigma.cursor(start);
-        for (slot, &mw) in out.iter_mut().zip(mu) {
-            let mu_bits = mw.to_u32();
-            let choice = self.scales.choose(cursor.next_code(), dtype.exponent_field(mu_bits));
-            let table = self.bank.table(choice.table as usize);
+        let mut escapes = RawPatternModel::new(self.dtype, &self.params);
+        for ((slot, &mw), &choice) in out.iter_mut().zip(mu).zip(choices) {
+            let table = self.bank.table((choice & CHOICE_TABLE_MASK) as usize);
             let q = dec.peek(precision);
             let symbol = table.find(q);
             let (cum, freq) = table.interval(symbol);
             dec.consume(cum, freq);
-            let bits = if symbol == table.escape_symbol() {
-                escapes.decode(dec)
+            *slot = if symbol == table.escape_symbol() {
+                W::from_u32(escapes.decode(dec))
             } else {
-                let shift = choice.shift as u32;
+                let shift = (choice >> CHOICE_SHIFT_POS) as u32;
                 let half = (1i64 << shift) >> 1;
                 let high = symbol as i64 - table.radius as i64;
                 let low = dec.get_bits(shift) as i64;
                 let residual = (high << shift) + low - half;
-                dtype.from_ordinal(dtype.ordinal(mu_bits).wrapping_add(residual))
+                W::from_ordinal(mw.ordinal().wrapping_add(residual))
             };
-            *slot = W::from_u32(bits);
         }
     }
 

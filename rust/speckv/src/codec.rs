@@ -7,7 +7,7 @@ use crate::format::checksum::{checksum, Hasher};
 use crate::format::header::{chunk_count, ChunkEntry, Header, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
-use crate::prediction::{chunk_fingerprint, Prediction, MAX_NDIM};
+use crate::prediction::{choices_and_fingerprint, Prediction, MAX_NDIM};
 use crate::words::{Bits, BitsMut, Word};
 use crate::DType;
 
@@ -109,8 +109,10 @@ pub fn encode(
             let fingerprint = match (mu, prediction) {
                 (Some(mu), Some(p)) => {
                     let mu = &mu[range.clone()];
-                    model.encode_predicted(&mut enc, &x[range.clone()], mu, &p.sigma, range.start);
-                    chunk_fingerprint(dtype, &model.scales, mu, &p.sigma, range.start)
+                    let mut choices = Vec::with_capacity(range.len());
+                    let fp = choices_and_fingerprint(&model.scales, mu, &p.sigma, range.start, &mut choices);
+                    model.encode_predicted(&mut enc, &x[range.clone()], mu, &choices);
+                    fp
                 }
                 _ => {
                     model.encode_raw(&mut enc, &x[range.clone()], range.start);
@@ -174,7 +176,10 @@ pub fn ideal_bits(
             let mut meter = IdealMeter::default();
             match (mu, prediction) {
                 (Some(mu), Some(p)) => {
-                    model.encode_predicted(&mut meter, &x[range.clone()], &mu[range.clone()], &p.sigma, range.start)
+                    let mu = &mu[range.clone()];
+                    let mut choices = Vec::with_capacity(range.len());
+                    choices_and_fingerprint(&model.scales, mu, &p.sigma, range.start, &mut choices);
+                    model.encode_predicted(&mut meter, &x[range.clone()], mu, &choices)
                 }
                 _ => model.encode_raw(&mut meter, &x[range.clone()], range.start),
             }
@@ -203,29 +208,29 @@ fn decode_words<W: Word>(
         let c = &header.chunks[i];
         &stream[c.offset as usize..c.offset as usize + c.length as usize]
     };
-    // Everything is checked before anything is decoded: payload checksums, and the
-    // fingerprint of the decoder's own integer predictions against the encoder's.
-    map_chunks(threads, header.chunks.len(), |i| {
-        if checksum(payload(i)) != header.chunks[i].checksum {
+    // Each chunk is checked before it is decoded: its checksum, then the fingerprint of the
+    // decoder's own integer predictions against the encoder's. A failure anywhere fails the
+    // whole call, so no partly decoded output is ever handed back.
+    for_each_piece_mut(threads, out, chunk, |i, piece| {
+        let bytes = payload(i);
+        if checksum(bytes) != header.chunks[i].checksum {
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
-        if let (Some(mu), Some(p)) = (mu, prediction) {
-            let range = header.chunk_scalar_range(i);
-            let fp = chunk_fingerprint(header.dtype, &model.scales, &mu[range.clone()], &p.sigma, range.start);
-            if fp != header.chunks[i].fingerprint {
-                return Err(Error::PredictionMismatch(format!(
-                    "the mu/sigma given differ from the encoder's (first at chunk {i}, scalars {}..{})",
-                    range.start, range.end
-                )));
-            }
-        }
-        Ok(())
-    })?;
-    for_each_piece_mut(threads, out, chunk, |i, piece| {
         let start = i * chunk;
-        let mut dec = RangeDecoder::new(payload(i));
+        let mut dec = RangeDecoder::new(bytes);
         match (mu, prediction) {
-            (Some(mu), Some(p)) => model.decode_predicted(&mut dec, piece, &mu[start..start + piece.len()], &p.sigma, start),
+            (Some(mu), Some(p)) => {
+                let mu = &mu[start..start + piece.len()];
+                let mut choices = Vec::with_capacity(piece.len());
+                let fp = choices_and_fingerprint(&model.scales, mu, &p.sigma, start, &mut choices);
+                if fp != header.chunks[i].fingerprint {
+                    return Err(Error::PredictionMismatch(format!(
+                        "the mu/sigma given differ from the encoder's (chunk {i}, scalars {start}..{})",
+                        start + piece.len()
+                    )));
+                }
+                model.decode_predicted(&mut dec, piece, mu, &choices)
+            }
             _ => model.decode_raw(&mut dec, piece, start),
         }
         if dec.finished_cleanly() {

@@ -9,7 +9,6 @@ use crate::error::{invalid, Result};
 use crate::format::checksum::Hasher;
 use crate::model::ladder::{ScaleMap, TableChoice};
 use crate::words::{Bits, Word};
-use crate::DType;
 
 /// Most dimensions a tensor may have.
 pub const MAX_NDIM: usize = 8;
@@ -72,38 +71,89 @@ impl<'a> SigmaCodes<'a> {
             }
             offset += coords[k] * self.strides[k];
         }
-        SigmaCursor { sigma: self, coords, offset }
+        let (last_len, last_stride) = match ndim {
+            0 => (usize::MAX, 0),
+            _ => (self.shape[ndim - 1], self.strides[ndim - 1]),
+        };
+        let left_in_row = last_len.saturating_sub(coords.last().copied().unwrap_or(0));
+        SigmaCursor { sigma: self, coords, offset, last_stride, left_in_row }
     }
 }
 
-/// Walks the broadcast sigma codes element by element (an odometer over the shape).
+/// Walks the broadcast sigma codes element by element: a step along the last dimension is
+/// one add; the odometer over the other dimensions runs once per row.
 pub struct SigmaCursor<'a> {
     sigma: &'a SigmaCodes<'a>,
     coords: Vec<usize>,
     offset: usize,
+    last_stride: usize,
+    /// Elements of the current row not yet returned, including the current one.
+    left_in_row: usize,
 }
 
 impl SigmaCursor<'_> {
     #[inline(always)]
     pub fn next_code(&mut self) -> i16 {
         let code = self.sigma.codes[self.offset];
-        self.advance();
+        if self.left_in_row > 1 {
+            self.left_in_row -= 1;
+            self.offset += self.last_stride;
+        } else {
+            self.next_row();
+        }
         code
     }
 
-    #[inline(always)]
-    fn advance(&mut self) {
-        let mut k = self.coords.len();
+    /// Fills `out` with the codes of the next `out.len()` elements: whole rows at a time (a
+    /// copy when sigma varies along the last dimension, a fill when it is broadcast there).
+    pub fn fill(&mut self, out: &mut [i16]) {
+        let mut done = 0;
+        while done < out.len() {
+            let run = self.left_in_row.min(out.len() - done);
+            let dst = &mut out[done..done + run];
+            match self.last_stride {
+                0 => dst.fill(self.sigma.codes[self.offset]),
+                1 => dst.copy_from_slice(&self.sigma.codes[self.offset..self.offset + run]),
+                stride => {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = self.sigma.codes[self.offset + k * stride];
+                    }
+                }
+            }
+            done += run;
+            if run < self.left_in_row {
+                self.left_in_row -= run;
+                self.offset += run * self.last_stride;
+            } else {
+                self.offset += (run - 1) * self.last_stride;
+                self.next_row();
+            }
+        }
+    }
+
+    #[cold]
+    fn next_row(&mut self) {
+        let ndim = self.coords.len();
+        if ndim == 0 {
+            return;
+        }
+        // The fast path leaves `coords[last]` stale; the cursor now sits on the row's last
+        // element. Rewind the last dimension, then carry into the ones before it.
+        let row_len = self.sigma.shape[ndim - 1];
+        self.offset -= (row_len - 1) * self.last_stride;
+        self.coords[ndim - 1] = 0;
+        let mut k = ndim - 1;
         while k > 0 {
             k -= 1;
             self.coords[k] += 1;
             self.offset += self.sigma.strides[k];
             if self.coords[k] < self.sigma.shape[k] {
-                return;
+                break;
             }
             self.offset -= self.coords[k] * self.sigma.strides[k];
             self.coords[k] = 0;
         }
+        self.left_in_row = self.sigma.shape[ndim - 1];
     }
 }
 
@@ -115,40 +165,70 @@ pub struct Prediction<'a> {
     pub sigma: SigmaCodes<'a>,
 }
 
-/// Packs a table choice into the integer that the fingerprint hashes.
+/// Packs a table choice into one integer: what the coder needs per scalar, and what the
+/// fingerprint hashes.
 #[inline(always)]
 pub(crate) fn choice_word(c: TableChoice) -> u16 {
-    c.table | (c.shift as u16) << 10
+    c.table | (c.shift as u16) << CHOICE_SHIFT_POS
 }
 
-/// Fingerprint of the integer coding parameters of elements `start..start + mu.len()`: the
-/// predicted bit patterns and the table each element is coded with. Two predictions with the
-/// same fingerprint code identically, so a decoder checks this before decoding anything.
-pub(crate) fn chunk_fingerprint<W: Word>(
-    dtype: DType,
+pub(crate) const CHOICE_SHIFT_POS: u32 = 10;
+pub(crate) const CHOICE_TABLE_MASK: u16 = (1 << CHOICE_SHIFT_POS) - 1;
+
+/// Fills `choices` with the packed table choice of each scalar `start..start + mu.len()` and
+/// returns the fingerprint of these integer coding parameters: the predicted bit patterns and
+/// the table each scalar is coded with. Two predictions with equal fingerprints code
+/// identically, so the decoder compares it with the encoder's before decoding a chunk.
+pub(crate) fn choices_and_fingerprint<W: Word>(
     map: &ScaleMap,
     mu: &[W],
     sigma: &SigmaCodes,
     start: usize,
+    choices: &mut Vec<u16>,
 ) -> u64 {
-    const BLOCK: usize = 2048;
+    const BLOCK: usize = 4096;
+    choices.clear();
+    choices.reserve(mu.len());
+    let mut cursor = sigma.cursor(start);
+    let mut codes = [0i16; BLOCK];
+    for block in mu.chunks(BLOCK) {
+        let codes = &mut codes[..block.len()];
+        cursor.fill(codes);
+        choices.extend(block.iter().zip(codes.iter()).map(|(&m, &c)| map.choose_packed(c, m.to_u32())));
+    }
     let mut hasher = Hasher::new();
     hasher.update(W::as_bytes(mu));
-    let mut cursor = sigma.cursor(start);
-    let mut buffer = [0u16; BLOCK];
-    for block in mu.chunks(BLOCK) {
-        for (slot, &m) in buffer.iter_mut().zip(block) {
-            let bits = m.to_u32();
-            *slot = choice_word(map.choose(cursor.next_code(), dtype.exponent_field(bits)));
-        }
-        hasher.update(u16::as_bytes(&buffer[..block.len()]));
-    }
+    hasher.update(u16::as_bytes(choices));
     hasher.finish()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fill_matches_next_code() {
+        let codes: Vec<i16> = (0..60).collect();
+        for (shape, strides) in [
+            (vec![3usize, 4, 5], vec![20usize, 5, 1]),
+            (vec![3, 4, 5], vec![0, 5, 0]),
+            (vec![3, 4, 5], vec![1, 0, 3]),
+            (vec![7], vec![2]),
+        ] {
+            let s = SigmaCodes::new(&codes, &shape, &strides).unwrap();
+            let total: usize = shape.iter().product();
+            for start in [0usize, 3, 5] {
+                let mut a = s.cursor(start);
+                let expected: Vec<i16> = (start..total).map(|_| a.next_code()).collect();
+                let mut got = vec![0i16; expected.len()];
+                let mut b = s.cursor(start);
+                let (first, rest) = got.split_at_mut(expected.len() / 3);
+                b.fill(first);
+                b.fill(rest);
+                assert_eq!(got, expected, "{shape:?} {strides:?} from {start}");
+            }
+        }
+    }
 
     #[test]
     fn cursor_walks_broadcast_codes_in_c_order() {
@@ -160,6 +240,14 @@ mod tests {
         assert_eq!(got, [10, 11, 12, 10, 11, 12]);
         let mut c = s.cursor(4);
         assert_eq!(c.next_code(), 11);
+        let s3 = SigmaCodes::new(&codes, &[2, 2, 3], &[0, 0, 1]).unwrap();
+        let mut c = s3.cursor(1);
+        let got: Vec<i16> = (0..11).map(|_| c.next_code()).collect();
+        assert_eq!(got, [11, 12, 10, 11, 12, 10, 11, 12, 10, 11, 12]);
+        let one = [7i16];
+        let s0 = SigmaCodes::scalar(&one, &[]).unwrap();
+        let mut c = s0.cursor(0);
+        assert_eq!((c.next_code(), c.next_code()), (7, 7));
         let rows = [1i16, 2];
         let s = SigmaCodes::new(&rows, &[2, 3], &[1, 0]).unwrap();
         let mut c = s.cursor(0);

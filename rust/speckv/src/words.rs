@@ -5,7 +5,28 @@ use crate::error::{invalid, Result};
 
 /// An element type holding one bit pattern.
 pub trait Word: Copy + Send + Sync + Default + 'static {
+    /// Width of the pattern, which is also the dtype's width.
+    const BITS: u32;
     fn to_u32(self) -> u32;
+
+    /// Signed ordinal of a sign-magnitude pattern (see `DType::ordinal`), without branches:
+    /// a negative pattern's ordinal `-magnitude - 1` is the bitwise complement of its
+    /// magnitude.
+    #[inline(always)]
+    fn ordinal(self) -> i64 {
+        let bits = self.to_u32() as i64;
+        let sign = -((bits >> (Self::BITS - 1)) & 1);
+        (bits & ((1i64 << (Self::BITS - 1)) - 1)) ^ sign
+    }
+
+    /// Inverse of `ordinal`; out-of-range ordinals wrap onto some pattern.
+    #[inline(always)]
+    fn from_ordinal(ord: i64) -> Self {
+        let sign = ord >> 63;
+        let magnitude = (ord ^ sign) & ((1i64 << (Self::BITS - 1)) - 1);
+        Self::from_u32((magnitude | (sign & (1i64 << (Self::BITS - 1)))) as u32)
+    }
+
     fn from_u32(v: u32) -> Self;
     fn as_bytes(slice: &[Self]) -> &[u8];
 }
@@ -13,6 +34,7 @@ pub trait Word: Copy + Send + Sync + Default + 'static {
 macro_rules! impl_word {
     ($t:ty) => {
         impl Word for $t {
+            const BITS: u32 = <$t>::BITS;
             #[inline(always)]
             fn to_u32(self) -> u32 {
                 self as u32
@@ -106,6 +128,27 @@ impl BitsMut<'_> {
             BitsMut::U8(_) => 8,
             BitsMut::U16(_) => 16,
             BitsMut::U32(_) => 32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_ordinals_match_dtype_ordinals() {
+        for bits in 0..=u16::MAX {
+            assert_eq!(bits.ordinal(), DType::BFloat16.ordinal(bits as u32));
+            assert_eq!(u16::from_ordinal(bits.ordinal()), bits);
+        }
+        for bits in 0..=u8::MAX {
+            assert_eq!(bits.ordinal(), DType::Float8E4M3Fn.ordinal(bits as u32));
+            assert_eq!(u8::from_ordinal(bits.ordinal()), bits);
+        }
+        for bits in [0u32, 1, 0x7F80_0000, 0x8000_0000, 0xFFFF_FFFF, 0x3F80_0001] {
+            assert_eq!(bits.ordinal(), DType::Float32.ordinal(bits));
+            assert_eq!(u32::from_ordinal(bits.ordinal()), bits);
         }
     }
 }

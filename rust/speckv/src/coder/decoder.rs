@@ -36,9 +36,11 @@ impl<'a> RangeDecoder<'a> {
     /// The slot `q` in `[0, 2^precision)` that the next symbol covers.
     #[inline(always)]
     pub fn peek(&mut self, precision: u32) -> u32 {
-        self.scale = self.range >> precision;
-        let max_slot = (1u64 << precision) - 1;
-        (self.point / self.scale).min(max_slot) as u32
+        let scale = self.range >> precision;
+        self.scale = scale;
+        // One integer division per symbol (invariant 2); clamped so that a corrupt point
+        // cannot select a slot beyond the table.
+        (self.point / scale).min((1u64 << precision) - 1) as u32
     }
 
     /// Removes the symbol `[cum, cum + freq)` found from the last `peek`.
@@ -53,19 +55,23 @@ impl<'a> RangeDecoder<'a> {
     }
 
     /// Decodes `nbits` (<= 32) uniform raw bits, the inverse of `SymbolSink::put_bits`.
-    #[inline]
+    #[inline(always)]
     pub fn get_bits(&mut self, nbits: u32) -> u32 {
-        if nbits > 16 {
-            let hi = self.get_bits(nbits - 16);
-            let lo = self.get_bits(16);
-            (hi << 16) | lo
-        } else if nbits > 0 {
-            let v = self.peek(nbits);
-            self.consume(v, 1);
-            v
-        } else {
-            0
+        match nbits {
+            0 => 0,
+            1..=16 => self.get_bits_16(nbits),
+            _ => {
+                let hi = self.get_bits_16(nbits - 16);
+                (hi << 16) | self.get_bits_16(16)
+            }
         }
+    }
+
+    #[inline(always)]
+    fn get_bits_16(&mut self, nbits: u32) -> u32 {
+        let v = self.peek(nbits);
+        self.consume(v, 1);
+        v
     }
 
     /// True when the decoder read exactly the words the encoder wrote: a correct stream is

@@ -41,13 +41,15 @@ pub trait SymbolSink {
     fn put(&mut self, cum: u32, freq: u32, precision: u32);
 
     /// Code `nbits` (<= 32) raw bits uniformly.
-    #[inline]
+    #[inline(always)]
     fn put_bits(&mut self, value: u32, nbits: u32) {
-        if nbits > 16 {
-            self.put(value >> 16, 1, nbits - 16);
-            self.put(value & 0xFFFF, 1, 16);
-        } else if nbits > 0 {
-            self.put(value, 1, nbits);
+        match nbits {
+            0 => {}
+            1..=16 => self.put(value, 1, nbits),
+            _ => {
+                self.put(value >> 16, 1, nbits - 16);
+                self.put(value & 0xFFFF, 1, 16);
+            }
         }
     }
 }

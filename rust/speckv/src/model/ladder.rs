@@ -47,6 +47,10 @@ pub struct ScaleMap {
     min_code: i32,
     max_code: i32,
     choices: Vec<TableChoice>,
+    /// The same choices packed as `prediction::choice_word` does.
+    packed: Vec<u16>,
+    mantissa_bits: u32,
+    exponent_mask: u32,
 }
 
 impl ScaleMap {
@@ -58,14 +62,31 @@ impl ScaleMap {
         let top = params.max_scale_code();
         // A residual is at most 2^bits ulps away, so no shift beyond the width is ever useful.
         let max_code = top + STEPS_PER_OCTAVE * dtype.bits() as i32;
-        let choices = (min_code..=max_code)
+        let choices: Vec<TableChoice> = (min_code..=max_code)
             .map(|code| {
                 let shift = if code > top { (code - top + STEPS_PER_OCTAVE - 1) / STEPS_PER_OCTAVE } else { 0 };
                 let table = code - STEPS_PER_OCTAVE * shift - min_code;
                 TableChoice { table: table as u16, shift: shift as u8 }
             })
             .collect();
-        ScaleMap { exponent_offset, min_code, max_code, choices }
+        let packed = choices.iter().map(|&c| crate::prediction::choice_word(c)).collect();
+        ScaleMap {
+            exponent_offset,
+            min_code,
+            max_code,
+            choices,
+            packed,
+            mantissa_bits: dtype.mantissa_bits(),
+            exponent_mask: (1 << dtype.exponent_bits()) - 1,
+        }
+    }
+
+    /// The packed choice for a scalar predicted by the pattern `mu_bits`.
+    #[inline(always)]
+    pub fn choose_packed(&self, sigma_code: i16, mu_bits: u32) -> u16 {
+        let exponent = (mu_bits >> self.mantissa_bits) & self.exponent_mask;
+        let code = (sigma_code as i32 + self.exponent_offset[exponent as usize]).clamp(self.min_code, self.max_code);
+        self.packed[(code - self.min_code) as usize]
     }
 
     #[inline(always)]

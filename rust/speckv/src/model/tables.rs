@@ -65,10 +65,18 @@ impl<'a> Table<'a> {
     }
 }
 
+/// Where one table lives in the bank's flat arrays.
+#[derive(Debug, Clone, Copy)]
+struct TableMeta {
+    radius: i32,
+    cdf_start: u32,
+}
+
 /// All tables of one parameter set, in flat arrays.
 #[derive(Debug)]
 pub struct TableBank {
     params: ModelParams,
+    metas: Vec<TableMeta>,
     radii: Vec<i32>,
     cdf_offsets: Vec<usize>,
     cdfs: Vec<u32>,
@@ -106,6 +114,7 @@ impl TableBank {
         let w_wide = params.weight_wide as f64 / 65536.0;
         let mut bank = TableBank {
             params: *params,
+            metas: Vec::new(),
             radii: Vec::new(),
             cdf_offsets: Vec::new(),
             cdfs: Vec::new(),
@@ -165,6 +174,9 @@ impl TableBank {
             }
         }
         bank.cdf_offsets.push(bank.cdfs.len());
+        bank.metas = (0..bank.radii.len())
+            .map(|t| TableMeta { radius: bank.radii[t], cdf_start: bank.cdf_offsets[t] as u32 })
+            .collect();
         let mut h = Hasher::new();
         for r in &bank.radii {
             h.update(&r.to_le_bytes());
@@ -191,6 +203,19 @@ impl TableBank {
 
     pub fn is_empty(&self) -> bool {
         self.radii.is_empty()
+    }
+
+    /// The encoder's one question: `(cum, freq)` of residual `symbol - R` in table `index`,
+    /// or of ESCAPE when the residual falls outside the window. Returns whether it escaped.
+    #[inline(always)]
+    pub fn encode_interval(&self, index: usize, residual: i64) -> (u32, u32, bool) {
+        let meta = self.metas[index];
+        let symbol = residual + meta.radius as i64;
+        let escape = 2 * meta.radius as usize + 1;
+        let (s, escaped) = if symbol >= 0 && (symbol as usize) < escape { (symbol as usize, false) } else { (escape, true) };
+        let i = meta.cdf_start as usize + s;
+        let lo = self.cdfs[i];
+        (lo, self.cdfs[i + 1] - lo, escaped)
     }
 
     #[inline(always)]

@@ -1,0 +1,268 @@
+"""Side-by-side benchmark of the speckv codec on a synthetic KV-like workload.
+
+Everything is measured in one run on the same data, and reported as ratios, because absolute
+times on a shared machine are noisy:
+
+* bits/scalar: speckv coded stream, speckv's `ideal_bits` (its own fixed-point model), the
+  continuous ideal of the same mixture (float64, integrated over each value's rounding
+  interval), the single-Gaussian reference (floored at 2^-24), zstd-19, zipnn (if installed)
+  and speckv's predictor-free mode;
+* encode/decode throughput of speckv (1 thread, all threads) and of constriction's
+  `stream.queue.RangeEncoder` with `QuantizedGaussian` on the same ordinal residuals and scales.
+
+Usage: python benches/bench_codec.py [--scalars N] [--json out.json] [--repeat K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+import speckv
+
+SQRT1_2 = 0.7071067811865476
+
+
+def workload(n_scalars: int, channels: int = 512, seed: int = 0):
+    """bf16 x = mu + noise; sigma per channel log-spaced over two decades; 0.5% outliers."""
+    rng = np.random.default_rng(seed)
+    rows = max(1, n_scalars // channels)
+    channel_scale = np.exp(rng.normal(0.0, 0.7, channels)).astype(np.float32)
+    sigma = np.logspace(-2.5, -0.5, channels).astype(np.float32) * channel_scale
+    mu = (rng.standard_normal((rows, channels)).astype(np.float32) * channel_scale).astype(np.float32)
+    noise = rng.standard_normal((rows, channels)).astype(np.float32) * sigma
+    outliers = rng.random((rows, channels)) < 0.005
+    noise[outliers] *= 20.0
+    x = (mu + noise).astype(ml_dtypes.bfloat16)
+    return x, mu, sigma
+
+
+def _erfc(z):
+    from scipy.special import erfc
+
+    return erfc(z)
+
+
+def interval_mass(lo, hi):
+    """Phi(hi) - Phi(lo), accurate in both tails."""
+    out = np.empty_like(lo)
+    right = lo >= 0
+    left = hi <= 0
+    mid = ~(right | left)
+    out[right] = 0.5 * (_erfc(lo[right] * SQRT1_2) - _erfc(hi[right] * SQRT1_2))
+    out[left] = 0.5 * (_erfc(-hi[left] * SQRT1_2) - _erfc(-lo[left] * SQRT1_2))
+    out[mid] = 1.0 - 0.5 * (_erfc(-lo[mid] * SQRT1_2) + _erfc(hi[mid] * SQRT1_2))
+    return out
+
+
+def rounding_interval(x):
+    """[lo, hi] of the reals that round to each bf16 value (float64)."""
+    bits = x.view(np.uint16).astype(np.int32)
+    sign = bits >> 15
+    mag = bits & 0x7FFF
+    ordinal = np.where(sign == 0, mag, -mag - 1)
+
+    def from_ordinal(o):
+        o = np.clip(o, -0x7F80, 0x7F80)
+        b = np.where(o >= 0, o, (-(o + 1)) | 0x8000).astype(np.uint16)
+        return b.view(ml_dtypes.bfloat16).astype(np.float64)
+
+    v = x.astype(np.float64)
+    below = from_ordinal(ordinal - 1)
+    above = from_ordinal(ordinal + 1)
+    return (v + below) / 2, (v + above) / 2
+
+
+def continuous_ideals(x, mu, sigma):
+    """Bits of the continuous mixture (same weights, uniform escape) and of the single-Gaussian
+    reference method, both integrated over each value's rounding interval in float64."""
+    lo, hi = rounding_interval(x.reshape(-1))
+    m = np.broadcast_to(mu, x.shape).reshape(-1).astype(np.float64)
+    s = np.broadcast_to(sigma, x.shape).reshape(-1).astype(np.float64)
+    finite = np.isfinite(lo) & np.isfinite(hi)
+    lo, hi, m, s = lo[finite], hi[finite], m[finite], s[finite]
+    narrow = interval_mass((lo - m) / s, (hi - m) / s)
+    wide = interval_mass((lo - m) / (3 * s), (hi - m) / (3 * s))
+    mixture = 0.95 * narrow + 0.03 * wide + 0.02 * 2.0**-16
+    single = np.maximum(narrow, 2.0**-24)
+    return float(-np.log2(mixture).sum()), float(-np.log2(single).sum())
+
+
+def best_time(fn, repeat):
+    best = float("inf")
+    out = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def ordinal_residuals_and_scales(x, mu, sigma):
+    """The same integer view speckv codes: d = ord(x) - ord(bf16(mu)), s = sigma / ulp(mu)."""
+
+    def ordinal(a):
+        b = a.view(np.uint16).astype(np.int64)
+        return np.where(b >> 15 == 0, b & 0x7FFF, -(b & 0x7FFF) - 1)
+
+    mu16 = mu.astype(ml_dtypes.bfloat16)
+    d = (ordinal(x) - ordinal(mu16)).reshape(-1)
+    exponent = (mu16.view(np.uint16).astype(np.int64) >> 7) & 0xFF
+    ulp = np.exp2(np.maximum(exponent, 1) - 127 - 7)
+    s = (np.broadcast_to(sigma, x.shape) / ulp).reshape(-1)
+    return d, s
+
+
+def bench_constriction(d, s, repeat):
+    import constriction
+
+    limit = 1 << 15
+    symbols = np.clip(d, -limit, limit - 1).astype(np.int32)
+    means = np.zeros(len(symbols), dtype=np.float64)
+    stds = np.clip(s, 0.05, 1e4).astype(np.float64)
+    family = constriction.stream.model.QuantizedGaussian(-limit, limit - 1)
+
+    def enc():
+        e = constriction.stream.queue.RangeEncoder()
+        e.encode(symbols, family, means, stds)
+        return e.get_compressed()
+
+    t_enc, compressed = best_time(enc, repeat)
+
+    def dec():
+        return constriction.stream.queue.RangeDecoder(compressed).decode(family, means, stds)
+
+    t_dec, decoded = best_time(dec, repeat)
+    assert np.array_equal(decoded, symbols), "constriction round trip failed"
+    return t_enc, t_dec, compressed.nbytes * 8
+
+
+def peak_rss_delta(op: str, n_scalars: int) -> float:
+    """Peak resident memory of a fresh process doing `op` once, minus the same process's peak
+    just before, in units of the input size. Measured in a child so nothing else is counted."""
+    code = f"""
+import resource, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import numpy as np, speckv
+from bench_codec import workload
+x, mu, sigma = workload({n_scalars})
+mu = mu.astype(x.dtype)
+data = speckv.encode(x, mu, sigma, threads=1) if {op!r} == 'decode' else None
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if {op!r} == 'encode':
+    speckv.encode(x, mu, sigma, threads=1)
+else:
+    speckv.decode(data, mu, sigma, threads=1)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024 / x.nbytes)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scalars", type=int, default=1 << 22)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default="bench_results.json")
+    args = ap.parse_args()
+
+    x, mu, sigma = workload(args.scalars)
+    n = x.size
+    threads_all = os.cpu_count() or 1
+    res: dict = {"scalars": n, "dtype": "bfloat16", "threads_all": threads_all, "machine": platform.machine()}
+
+    data = speckv.encode(x, mu, sigma, threads=1)
+    assert data == speckv.encode(x, mu, sigma, threads=threads_all), "bytes depend on threads"
+    y = speckv.decode(data, mu, sigma, threads=threads_all)
+    assert np.array_equal(y.view(np.uint16), x.view(np.uint16)), "round trip failed"
+    ideal = speckv.ideal_bits(x, mu, sigma)
+    cont_mix, cont_single = continuous_ideals(x, mu, sigma)
+    raw_stream = speckv.encode(x, threads=threads_all)
+
+    import zstandard
+
+    zstd_bytes = len(zstandard.ZstdCompressor(level=19).compress(x.tobytes()))
+    res["bits"] = {
+        "speckv_coded": len(data) * 8 / n,
+        "speckv_ideal": ideal / n,
+        "continuous_mixture_ideal": cont_mix / n,
+        "single_gaussian_reference": cont_single / n,
+        "zstd19": zstd_bytes * 8 / n,
+        "speckv_predictor_free": len(raw_stream) * 8 / n,
+    }
+    try:
+        import zipnn
+
+        z = zipnn.ZipNN(input_format="byte", bytearray_dtype="bfloat16", threads=1)
+        res["bits"]["zipnn"] = len(z.compress(x.tobytes())) * 8 / n
+    except Exception as e:  # zipnn is optional and its API moves
+        res["bits"]["zipnn"] = None
+        res["zipnn_error"] = f"{type(e).__name__}: {e}"
+
+    mu16 = mu.astype(x.dtype)  # same prediction, pre-rounded, so timing excludes the rounding
+    speeds = {}
+    for label, t in (("1t", 1), ("all", threads_all)):
+        te, _ = best_time(lambda t=t: speckv.encode(x, mu16, sigma, threads=t), args.repeat)
+        td, _ = best_time(lambda t=t: speckv.decode(data, mu16, sigma, threads=t), args.repeat)
+        speeds[f"speckv_encode_{label}"] = n / te / 1e6
+        speeds[f"speckv_decode_{label}"] = n / td / 1e6
+    d, s = ordinal_residuals_and_scales(x, mu, sigma)
+    ce, cd, cbits = bench_constriction(d, s, args.repeat)
+    speeds["constriction_encode"] = n / ce / 1e6
+    speeds["constriction_decode"] = n / cd / 1e6
+    res["bits"]["constriction_gaussian"] = cbits / n
+    res["msym_per_s"] = speeds
+    res["ratios"] = {
+        "coded_over_ideal": res["bits"]["speckv_coded"] / res["bits"]["speckv_ideal"],
+        "ideal_over_continuous_mixture": res["bits"]["speckv_ideal"] / res["bits"]["continuous_mixture_ideal"],
+        "zstd19_over_coded": res["bits"]["zstd19"] / res["bits"]["speckv_coded"],
+        "encode_vs_constriction_1t": speeds["speckv_encode_1t"] / speeds["constriction_encode"],
+        "decode_vs_constriction_1t": speeds["speckv_decode_1t"] / speeds["constriction_decode"],
+        "encode_thread_scaling": speeds["speckv_encode_all"] / speeds["speckv_encode_1t"],
+        "decode_thread_scaling": speeds["speckv_decode_all"] / speeds["speckv_decode_1t"],
+    }
+    res["peak_extra_memory_over_input"] = {
+        "encode": peak_rss_delta("encode", n),
+        "decode": peak_rss_delta("decode", n),
+    }
+
+    rows = [
+        ("speckv coded (bits/scalar)", res["bits"]["speckv_coded"]),
+        ("speckv ideal_bits", res["bits"]["speckv_ideal"]),
+        ("continuous mixture ideal", res["bits"]["continuous_mixture_ideal"]),
+        ("single-Gaussian reference (floor 2^-24)", res["bits"]["single_gaussian_reference"]),
+        ("constriction QuantizedGaussian", res["bits"]["constriction_gaussian"]),
+        ("speckv predictor-free", res["bits"]["speckv_predictor_free"]),
+        ("zstd -19", res["bits"]["zstd19"]),
+        ("zipnn", res["bits"]["zipnn"]),
+    ]
+    print(f"workload: {n} bf16 scalars, sigma over two decades, 0.5% outliers; {threads_all} cores")
+    print(f"{'size':45s} {'bits/scalar':>12s}")
+    for name, v in rows:
+        print(f"{name:45s} {'n/a' if v is None else f'{v:12.4f}':>12s}")
+    print(f"\n{'speed (Msym/s)':45s} {'encode':>10s} {'decode':>10s}")
+    print(f"{'speckv, 1 thread':45s} {speeds['speckv_encode_1t']:10.1f} {speeds['speckv_decode_1t']:10.1f}")
+    print(f"{f'speckv, {threads_all} threads':45s} {speeds['speckv_encode_all']:10.1f} {speeds['speckv_decode_all']:10.1f}")
+    print(f"{'constriction 0.5, 1 thread':45s} {speeds['constriction_encode']:10.1f} {speeds['constriction_decode']:10.1f}")
+    print("\nratios")
+    for k, v in res["ratios"].items():
+        print(f"  {k:40s} {v:8.4f}")
+    print("peak extra memory / input size: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in res["peak_extra_memory_over_input"].items()))
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
