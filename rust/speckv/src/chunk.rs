@@ -9,6 +9,14 @@
 //!    table's ESCAPE symbol is coded, then the raw pattern of `x` (`raw::RawPatternModel`).
 //!
 //! Predictor-free mode: each scalar's raw pattern with a model chosen by its channel.
+//!
+//! Lanes: scalars alternate between two range coders writing separate word streams. A
+//! decoder's work on one symbol (a division, table reads) depends on the symbol before it in
+//! the same coder; two independent chains let the processor overlap them. The payload is
+//! `[lane-0 length: u32 LE][lane-0 words][lane-1 words]`.
+
+/// Independent coders per chunk.
+pub const LANES: usize = 2;
 
 use std::sync::Arc;
 
@@ -43,45 +51,65 @@ impl StreamModel {
         }
     }
 
-    /// Codes `x` against predictions `mu`, with the packed table choices of
-    /// `prediction::choices_and_fingerprint`.
-    pub fn encode_predicted<W: Word, S: SymbolSink>(&self, sink: &mut S, x: &[W], mu: &[W], choices: &[u16]) {
-        let precision = self.params.table_precision as u32;
-        let mut escapes = RawPatternModel::new(self.dtype, &self.params);
-        for ((&xw, &mw), &choice) in x.iter().zip(mu).zip(choices) {
+    #[inline(always)]
+    fn encode_one<W: Word, S: SymbolSink>(&self, sink: &mut S, escapes: &mut RawPatternModel, x: W, mu: W, choice: u16) {
+        let shift = (choice >> CHOICE_SHIFT_POS) as u32;
+        let half = (1i64 << shift) >> 1;
+        let biased = x.ordinal() - mu.ordinal() + half;
+        let (cum, freq, escaped) = self.bank.encode_interval((choice & CHOICE_TABLE_MASK) as usize, biased >> shift);
+        sink.put(cum, freq, self.params.table_precision as u32);
+        if escaped {
+            escapes.encode(sink, x.to_u32());
+        } else {
+            sink.put_bits((biased & ((1i64 << shift) - 1)) as u32, shift);
+        }
+    }
+
+    #[inline(always)]
+    fn decode_one<W: Word>(&self, dec: &mut RangeDecoder, escapes: &mut RawPatternModel, mu: W, choice: u16) -> W {
+        let q = dec.peek(self.params.table_precision as u32);
+        let (high, cum, freq, escaped) = self.bank.decode_interval((choice & CHOICE_TABLE_MASK) as usize, q);
+        dec.consume(cum, freq);
+        if escaped {
+            W::from_u32(escapes.decode(dec))
+        } else {
             let shift = (choice >> CHOICE_SHIFT_POS) as u32;
             let half = (1i64 << shift) >> 1;
-            let biased = xw.ordinal() - mw.ordinal() + half;
-            let (cum, freq, escaped) = self.bank.encode_interval((choice & CHOICE_TABLE_MASK) as usize, biased >> shift);
-            sink.put(cum, freq, precision);
-            if escaped {
-                escapes.encode(sink, xw.to_u32());
-            } else {
-                sink.put_bits((biased & ((1i64 << shift) - 1)) as u32, shift);
-            }
+            let low = dec.get_bits(shift) as i64;
+            W::from_ordinal(mu.ordinal().wrapping_add((high << shift) + low - half))
+        }
+    }
+
+    /// Codes `x` against predictions `mu`, with the packed table choices of
+    /// `prediction::choices_and_fingerprint`. Scalar `i` goes to lane `i % LANES`.
+    pub fn encode_predicted<W: Word, S: SymbolSink>(&self, lanes: &mut [S; LANES], x: &[W], mu: &[W], choices: &[u16]) {
+        let mut escapes = RawPatternModel::new(self.dtype, &self.params);
+        let [a, b] = lanes;
+        let pairs = x.len() / 2;
+        for i in 0..pairs {
+            let (j, k) = (2 * i, 2 * i + 1);
+            self.encode_one(a, &mut escapes, x[j], mu[j], choices[j]);
+            self.encode_one(b, &mut escapes, x[k], mu[k], choices[k]);
+        }
+        if x.len() % 2 == 1 {
+            let j = x.len() - 1;
+            self.encode_one(a, &mut escapes, x[j], mu[j], choices[j]);
         }
     }
 
     /// Inverse of `encode_predicted`; fills `out` (same length as `mu` and `choices`).
-    pub fn decode_predicted<W: Word>(&self, dec: &mut RangeDecoder, out: &mut [W], mu: &[W], choices: &[u16]) {
-        let precision = self.params.table_precision as u32;
+    pub fn decode_predicted<W: Word>(&self, lanes: &mut [RangeDecoder; LANES], out: &mut [W], mu: &[W], choices: &[u16]) {
         let mut escapes = RawPatternModel::new(self.dtype, &self.params);
-        for ((slot, &mw), &choice) in out.iter_mut().zip(mu).zip(choices) {
-            let table = self.bank.table((choice & CHOICE_TABLE_MASK) as usize);
-            let q = dec.peek(precision);
-            let symbol = table.find(q);
-            let (cum, freq) = table.interval(symbol);
-            dec.consume(cum, freq);
-            *slot = if symbol == table.escape_symbol() {
-                W::from_u32(escapes.decode(dec))
-            } else {
-                let shift = (choice >> CHOICE_SHIFT_POS) as u32;
-                let half = (1i64 << shift) >> 1;
-                let high = symbol as i64 - table.radius as i64;
-                let low = dec.get_bits(shift) as i64;
-                let residual = (high << shift) + low - half;
-                W::from_ordinal(mw.ordinal().wrapping_add(residual))
-            };
+        let [a, b] = lanes;
+        let pairs = out.len() / 2;
+        for i in 0..pairs {
+            let (j, k) = (2 * i, 2 * i + 1);
+            out[j] = self.decode_one(a, &mut escapes, mu[j], choices[j]);
+            out[k] = self.decode_one(b, &mut escapes, mu[k], choices[k]);
+        }
+        if out.len() % 2 == 1 {
+            let j = out.len() - 1;
+            out[j] = self.decode_one(a, &mut escapes, mu[j], choices[j]);
         }
     }
 
@@ -94,18 +122,18 @@ impl StreamModel {
         (index % self.context_period) % self.raw_contexts
     }
 
-    /// Predictor-free coding of scalars `start..`.
-    pub fn encode_raw<W: Word, S: SymbolSink>(&self, sink: &mut S, x: &[W], start: usize) {
+    /// Predictor-free coding of scalars `start..`; scalar `start + i` goes to lane `i % LANES`.
+    pub fn encode_raw<W: Word, S: SymbolSink>(&self, lanes: &mut [S; LANES], x: &[W], start: usize) {
         let mut models = self.raw_models();
         for (i, &xw) in x.iter().enumerate() {
-            models[self.context(start + i)].encode(sink, xw.to_u32());
+            models[self.context(start + i)].encode(&mut lanes[i % LANES], xw.to_u32());
         }
     }
 
-    pub fn decode_raw<W: Word>(&self, dec: &mut RangeDecoder, out: &mut [W], start: usize) {
+    pub fn decode_raw<W: Word>(&self, lanes: &mut [RangeDecoder; LANES], out: &mut [W], start: usize) {
         let mut models = self.raw_models();
         for (i, slot) in out.iter_mut().enumerate() {
-            *slot = W::from_u32(models[self.context(start + i)].decode(dec));
+            *slot = W::from_u32(models[self.context(start + i)].decode(&mut lanes[i % LANES]));
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The whole-tensor API: encode, decode, ideal code length, stream info.
 
-use crate::chunk::{unclean_end, StreamModel};
+use crate::chunk::{unclean_end, StreamModel, LANES};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder};
 use crate::error::{invalid, Error, Result};
 use crate::format::checksum::{checksum, Hasher};
@@ -75,6 +75,26 @@ macro_rules! with_words {
     };
 }
 
+/// A chunk's payload: lane 0's length, then both lanes' words (see `chunk`).
+fn join_lanes(lanes: [RangeEncoder; LANES]) -> Vec<u8> {
+    let [a, b] = lanes.map(RangeEncoder::finish);
+    let mut out = Vec::with_capacity(4 + a.len() + b.len());
+    out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+    out.extend_from_slice(&a);
+    out.extend_from_slice(&b);
+    out
+}
+
+fn split_lanes(payload: &[u8]) -> Option<[RangeDecoder<'_>; LANES]> {
+    let len = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?) as usize;
+    let rest = &payload[4..];
+    if len % 4 != 0 || len > rest.len() {
+        return None;
+    }
+    let (a, b) = rest.split_at(len);
+    Some([RangeDecoder::new(a), RangeDecoder::new(b)])
+}
+
 fn fingerprint_of(chunks: &[ChunkEntry]) -> u64 {
     let mut h = Hasher::new();
     for c in chunks {
@@ -105,7 +125,8 @@ pub fn encode(
     let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, prediction, |x, mu| {
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
-            let mut enc = RangeEncoder::with_capacity_words(range.len() * dtype.bits() as usize / 64 + 4);
+            let words = range.len() * dtype.bits() as usize / 128 + 4;
+            let mut enc = [RangeEncoder::with_capacity_words(words), RangeEncoder::with_capacity_words(words)];
             let fingerprint = match (mu, prediction) {
                 (Some(mu), Some(p)) => {
                     let mu = &mu[range.clone()];
@@ -119,7 +140,7 @@ pub fn encode(
                     0
                 }
             };
-            Ok((enc.finish(), fingerprint))
+            Ok((join_lanes(enc), fingerprint))
         })?
     });
     let mut header = Header {
@@ -173,7 +194,7 @@ pub fn ideal_bits(
     let per_chunk: Vec<f64> = with_words!(x, prediction, |x, mu| {
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
-            let mut meter = IdealMeter::default();
+            let mut meter = [IdealMeter::default(), IdealMeter::default()];
             match (mu, prediction) {
                 (Some(mu), Some(p)) => {
                     let mu = &mu[range.clone()];
@@ -183,7 +204,7 @@ pub fn ideal_bits(
                 }
                 _ => model.encode_raw(&mut meter, &x[range.clone()], range.start),
             }
-            Ok(meter.bits)
+            Ok(meter[0].bits + meter[1].bits)
         })?
     });
     Ok(per_chunk.iter().sum())
@@ -217,7 +238,7 @@ fn decode_words<W: Word>(
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
         let start = i * chunk;
-        let mut dec = RangeDecoder::new(bytes);
+        let mut dec = split_lanes(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
         match (mu, prediction) {
             (Some(mu), Some(p)) => {
                 let mu = &mu[start..start + piece.len()];
@@ -233,7 +254,7 @@ fn decode_words<W: Word>(
             }
             _ => model.decode_raw(&mut dec, piece, start),
         }
-        if dec.finished_cleanly() {
+        if dec.iter().all(|d| d.finished_cleanly()) {
             Ok(())
         } else {
             Err(unclean_end(i))

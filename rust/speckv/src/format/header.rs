@@ -54,7 +54,7 @@ pub const MAX_CHUNK_SCALARS: u32 = 1 << 24;
 pub const MAX_RAW_CONTEXTS: u16 = 256;
 /// Every coded scalar costs at least `-log2(1 - 2^-12)` bits (escape weight and adaptive
 /// floors, see `ModelParams::validate` and `model::adaptive`), fewer than 2^15 per byte; a chunk
-/// claiming more scalars than `(length + 8) << 15` is corrupt. This bounds the output a small
+/// claiming more scalars than `(length + 16) << 15` is corrupt (16: the coders' final words). This bounds the output a small
 /// stream can make a decoder allocate.
 pub const MAX_SCALARS_PER_BYTE_LOG2: u32 = 15;
 
@@ -288,7 +288,8 @@ impl Header {
             if c.offset != expected_offset {
                 return corrupt(format!("chunk {i} starts at {} instead of {expected_offset}", c.offset));
             }
-            if c.length < 4 || c.length % 4 != 0 {
+            // Lane-0 length plus two coders' final words at least (see `chunk`).
+            if c.length < 12 || c.length % 4 != 0 {
                 return corrupt(format!("chunk {i} has length {}", c.length));
             }
             let scalars = if i as u64 + 1 == n_chunks {
@@ -296,7 +297,7 @@ impl Header {
             } else {
                 chunk_scalars as u64
             };
-            if scalars > (c.length as u64 + 8) << MAX_SCALARS_PER_BYTE_LOG2 {
+            if scalars > (c.length as u64 + 16) << MAX_SCALARS_PER_BYTE_LOG2 {
                 return corrupt(format!("chunk {i} claims {scalars} scalars in {} bytes", c.length));
             }
             expected_offset += c.length as u64;

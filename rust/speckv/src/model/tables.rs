@@ -218,6 +218,30 @@ impl TableBank {
         (lo, self.cdfs[i + 1] - lo, escaped)
     }
 
+    /// The decoder's one question: which symbol of table `index` covers slot `q`
+    /// (`q < 2^precision`)? Returns `(residual, cum, freq, escaped)`.
+    #[inline(always)]
+    pub fn decode_interval(&self, index: usize, q: u32) -> (i64, u32, u32, bool) {
+        let meta = self.metas[index];
+        let escape = 2 * meta.radius as usize + 1;
+        let cdf = &self.cdfs[meta.cdf_start as usize..meta.cdf_start as usize + escape + 2];
+        let lookup = &self.lookups[index << LOOKUP_BITS..(index + 1) << LOOKUP_BITS];
+        let slot = (q >> (self.params.table_precision as u32 - LOOKUP_BITS)) as usize;
+        let mut lo = lookup[slot] as usize;
+        let mut hi = lookup.get(slot + 1).map_or(escape, |&next| next as usize);
+        // Invariant: cdf[lo] <= q < cdf[hi + 1].
+        while lo < hi {
+            let mid = (lo + hi + 1) / 2;
+            if cdf[mid] <= q {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let (cum, next) = (cdf[lo], cdf[lo + 1]);
+        (lo as i64 - meta.radius as i64, cum, next - cum, lo == escape)
+    }
+
     #[inline(always)]
     pub fn table(&self, index: usize) -> Table<'_> {
         let lut = 1usize << LOOKUP_BITS;
