@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -252,13 +251,18 @@ def main() -> None:
         print(f"{name:45s} {'n/a' if v is None else f'{v:12.4f}':>12s}")
     print(f"\n{'speed (Msym/s)':45s} {'encode':>10s} {'decode':>10s}")
     print(f"{'speckv, 1 thread':45s} {speeds['speckv_encode_1t']:10.1f} {speeds['speckv_decode_1t']:10.1f}")
-    print(f"{f'speckv, {threads_all} threads':45s} {speeds['speckv_encode_all']:10.1f} {speeds['speckv_decode_all']:10.1f}")
-    print(f"{'constriction 0.5, 1 thread':45s} {speeds['constriction_encode']:10.1f} {speeds['constriction_decode']:10.1f}")
+    for name, enc, dec in (
+        (f"speckv, {threads_all} threads", "speckv_encode_all", "speckv_decode_all"),
+        ("constriction 0.5, 1 thread", "constriction_encode", "constriction_decode"),
+    ):
+        print(f"{name:45s} {speeds[enc]:10.1f} {speeds[dec]:10.1f}")
     print("\nratios")
     for k, v in res["ratios"].items():
         print(f"  {k:40s} {v:8.4f}")
-    print("peak extra memory / input size: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in res["peak_extra_memory_over_input"].items()))
+    print(
+        "peak extra memory / input size: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in res["peak_extra_memory_over_input"].items())
+    )
     with open(args.json, "w") as f:
         json.dump(res, f, indent=2)
     print(f"\nwrote {args.json}")

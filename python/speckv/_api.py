@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from ._speckv import PredictionMismatchError
 THREADS_ENV = "SPECKV_NUM_THREADS"
 
 
-def resolve_threads(threads: Optional[int]) -> int:
+def resolve_threads(threads: int | None) -> int:
     """`threads`, else $SPECKV_NUM_THREADS, else every core."""
     if threads is None:
         env = os.environ.get(THREADS_ENV)
@@ -33,7 +33,7 @@ def resolve_threads(threads: Optional[int]) -> int:
 
 def _prediction(
     shape: tuple[int, ...], name: str, mu: Any, sigma: Any
-) -> tuple[Optional[np.ndarray], Optional[np.ndarray], Optional[list[int]]]:
+) -> tuple[np.ndarray | None, np.ndarray | None, list[int] | None]:
     """mu as flat words of the target dtype; sigma as int16 codes plus broadcast strides."""
     if mu is None and sigma is None:
         return None, None, None
@@ -81,8 +81,8 @@ def encode(
     mu: Any = None,
     sigma: Any = None,
     *,
-    threads: Optional[int] = None,
-    chunk_size: Optional[int] = None,
+    threads: int | None = None,
+    chunk_size: int | None = None,
 ) -> bytes:
     """Compress `x` losslessly, against the prediction `mu` with typical error `sigma` if given.
 
@@ -130,7 +130,7 @@ def info(data: Any) -> dict[str, Any]:
     return _speckv.info(_stream_array(data))
 
 
-def decode(data: Any, mu: Any = None, sigma: Any = None, *, threads: Optional[int] = None) -> Any:
+def decode(data: Any, mu: Any = None, sigma: Any = None, *, threads: int | None = None) -> Any:
     """Decompress a stream from `encode`, bit for bit, with the same `mu` and `sigma`.
 
     Returns a numpy array of the original dtype and shape, or a CPU torch tensor if `encode`

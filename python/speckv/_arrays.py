@@ -39,9 +39,7 @@ def dtype_name(arr: Any, what: str) -> str:
     else:
         name = np.dtype(arr.dtype).name if hasattr(arr, "dtype") else type(arr).__name__
     if name not in _NUMPY:
-        raise TypeError(
-            f"{what}: dtype {name} is not supported; use one of {', '.join(SUPPORTED_DTYPES)}"
-        )
+        raise TypeError(f"{what}: dtype {name} is not supported; use one of {', '.join(SUPPORTED_DTYPES)}")
     return name
 
 

@@ -40,7 +40,12 @@ pub struct StreamModel {
 }
 
 impl StreamModel {
-    pub fn new(dtype: DType, params: ModelParams, raw_contexts: usize, context_period: usize) -> StreamModel {
+    pub fn new(
+        dtype: DType,
+        params: ModelParams,
+        raw_contexts: usize,
+        context_period: usize,
+    ) -> StreamModel {
         StreamModel {
             dtype,
             params,
@@ -52,11 +57,20 @@ impl StreamModel {
     }
 
     #[inline(always)]
-    fn encode_one<W: Word, S: SymbolSink>(&self, sink: &mut S, escapes: &mut RawPatternModel, x: W, mu: W, choice: u16) {
+    fn encode_one<W: Word, S: SymbolSink>(
+        &self,
+        sink: &mut S,
+        escapes: &mut RawPatternModel,
+        x: W,
+        mu: W,
+        choice: u16,
+    ) {
         let shift = (choice >> CHOICE_SHIFT_POS) as u32;
         let half = (1i64 << shift) >> 1;
         let biased = x.ordinal() - mu.ordinal() + half;
-        let (cum, freq, escaped) = self.bank.encode_interval((choice & CHOICE_TABLE_MASK) as usize, biased >> shift);
+        let (cum, freq, escaped) = self
+            .bank
+            .encode_interval((choice & CHOICE_TABLE_MASK) as usize, biased >> shift);
         sink.put(cum, freq, self.params.table_precision as u32);
         if escaped {
             escapes.encode(sink, x.to_u32());
@@ -66,9 +80,17 @@ impl StreamModel {
     }
 
     #[inline(always)]
-    fn decode_one<W: Word>(&self, dec: &mut RangeDecoder, escapes: &mut RawPatternModel, mu: W, choice: u16) -> W {
+    fn decode_one<W: Word>(
+        &self,
+        dec: &mut RangeDecoder,
+        escapes: &mut RawPatternModel,
+        mu: W,
+        choice: u16,
+    ) -> W {
         let q = dec.peek(self.params.table_precision as u32);
-        let (high, cum, freq, escaped) = self.bank.decode_interval((choice & CHOICE_TABLE_MASK) as usize, q);
+        let (high, cum, freq, escaped) = self
+            .bank
+            .decode_interval((choice & CHOICE_TABLE_MASK) as usize, q);
         dec.consume(cum, freq);
         if escaped {
             W::from_u32(escapes.decode(dec))
@@ -82,7 +104,13 @@ impl StreamModel {
 
     /// Codes `x` against predictions `mu`, with the packed table choices of
     /// `prediction::choices_and_fingerprint`. Scalar `i` goes to lane `i % LANES`.
-    pub fn encode_predicted<W: Word, S: SymbolSink>(&self, lanes: &mut [S; LANES], x: &[W], mu: &[W], choices: &[u16]) {
+    pub fn encode_predicted<W: Word, S: SymbolSink>(
+        &self,
+        lanes: &mut [S; LANES],
+        x: &[W],
+        mu: &[W],
+        choices: &[u16],
+    ) {
         let mut escapes = RawPatternModel::new(self.dtype, &self.params);
         let [a, b] = lanes;
         let pairs = x.len() / 2;
@@ -98,7 +126,13 @@ impl StreamModel {
     }
 
     /// Inverse of `encode_predicted`; fills `out` (same length as `mu` and `choices`).
-    pub fn decode_predicted<W: Word>(&self, lanes: &mut [RangeDecoder; LANES], out: &mut [W], mu: &[W], choices: &[u16]) {
+    pub fn decode_predicted<W: Word>(
+        &self,
+        lanes: &mut [RangeDecoder; LANES],
+        out: &mut [W],
+        mu: &[W],
+        choices: &[u16],
+    ) {
         let mut escapes = RawPatternModel::new(self.dtype, &self.params);
         let [a, b] = lanes;
         let pairs = out.len() / 2;
@@ -123,14 +157,24 @@ impl StreamModel {
     }
 
     /// Predictor-free coding of scalars `start..`; scalar `start + i` goes to lane `i % LANES`.
-    pub fn encode_raw<W: Word, S: SymbolSink>(&self, lanes: &mut [S; LANES], x: &[W], start: usize) {
+    pub fn encode_raw<W: Word, S: SymbolSink>(
+        &self,
+        lanes: &mut [S; LANES],
+        x: &[W],
+        start: usize,
+    ) {
         let mut models = self.raw_models();
         for (i, &xw) in x.iter().enumerate() {
             models[self.context(start + i)].encode(&mut lanes[i % LANES], xw.to_u32());
         }
     }
 
-    pub fn decode_raw<W: Word>(&self, lanes: &mut [RangeDecoder; LANES], out: &mut [W], start: usize) {
+    pub fn decode_raw<W: Word>(
+        &self,
+        lanes: &mut [RangeDecoder; LANES],
+        out: &mut [W],
+        start: usize,
+    ) {
         let mut models = self.raw_models();
         for (i, slot) in out.iter_mut().enumerate() {
             *slot = W::from_u32(models[self.context(start + i)].decode(&mut lanes[i % LANES]));
@@ -140,6 +184,7 @@ impl StreamModel {
 
 /// The error for a chunk whose coded words do not end where the encoder ended them.
 pub(crate) fn unclean_end(chunk: usize) -> Error {
-    Error::Corrupt(format!("chunk {chunk}: coded data does not end where its scalars do"))
+    Error::Corrupt(format!(
+        "chunk {chunk}: coded data does not end where its scalars do"
+    ))
 }
-

@@ -10,8 +10,8 @@
 //! threading in [`parallel`].
 
 pub mod chunk;
-pub mod coder;
 pub mod codec;
+pub mod coder;
 pub mod dtype;
 pub mod error;
 pub mod format;

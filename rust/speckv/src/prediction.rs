@@ -35,15 +35,25 @@ impl<'a> SigmaCodes<'a> {
         if n > 0 {
             let mut last = 0usize;
             for (&d, &s) in shape.iter().zip(strides) {
-                last = (d - 1).checked_mul(s).and_then(|v| v.checked_add(last)).ok_or_else(|| {
-                    crate::Error::InvalidArgument("sigma: strides overflow".into())
-                })?;
+                last = (d - 1)
+                    .checked_mul(s)
+                    .and_then(|v| v.checked_add(last))
+                    .ok_or_else(|| {
+                        crate::Error::InvalidArgument("sigma: strides overflow".into())
+                    })?;
             }
             if last >= codes.len() {
-                return invalid(format!("sigma: strides reach element {last} of {}", codes.len()));
+                return invalid(format!(
+                    "sigma: strides reach element {last} of {}",
+                    codes.len()
+                ));
             }
         }
-        Ok(SigmaCodes { codes, shape: shape.to_vec(), strides: strides.to_vec() })
+        Ok(SigmaCodes {
+            codes,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        })
     }
 
     /// The same sigma for every element.
@@ -76,7 +86,13 @@ impl<'a> SigmaCodes<'a> {
             _ => (self.shape[ndim - 1], self.strides[ndim - 1]),
         };
         let left_in_row = last_len.saturating_sub(coords.last().copied().unwrap_or(0));
-        SigmaCursor { sigma: self, coords, offset, last_stride, left_in_row }
+        SigmaCursor {
+            sigma: self,
+            coords,
+            offset,
+            last_stride,
+            left_in_row,
+        }
     }
 }
 
@@ -194,7 +210,12 @@ pub(crate) fn choices_and_fingerprint<W: Word>(
     for block in mu.chunks(BLOCK) {
         let codes = &mut codes[..block.len()];
         cursor.fill(codes);
-        choices.extend(block.iter().zip(codes.iter()).map(|(&m, &c)| map.choose_packed(c, m.to_u32())));
+        choices.extend(
+            block
+                .iter()
+                .zip(codes.iter())
+                .map(|(&m, &c)| map.choose_packed(c, m.to_u32())),
+        );
     }
     let mut hasher = Hasher::new();
     hasher.update(W::as_bytes(mu));
@@ -260,6 +281,9 @@ mod tests {
         let codes = [1i16, 2];
         assert!(SigmaCodes::new(&codes, &[2, 3], &[0, 1]).is_err());
         assert!(SigmaCodes::new(&codes, &[3], &[usize::MAX]).is_err());
-        assert!(SigmaCodes::new(&codes, &[0, 5], &[9, 9]).is_ok(), "empty tensors touch nothing");
+        assert!(
+            SigmaCodes::new(&codes, &[0, 5], &[9, 9]).is_ok(),
+            "empty tensors touch nothing"
+        );
     }
 }

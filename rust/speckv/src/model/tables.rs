@@ -18,16 +18,14 @@ const LOOKUP_BITS: u32 = 10;
 /// Every window has at least this half-width.
 const MIN_RADIUS: i32 = 4;
 
-/// One table, borrowed from the bank.
+/// One table, borrowed from the bank (for inspection; coding goes through
+/// `TableBank::encode_interval` and `TableBank::decode_interval`).
 #[derive(Debug, Clone, Copy)]
 pub struct Table<'a> {
     /// Half-width `R`: symbols `0..=2R` are residuals `-R..=R`; symbol `2R + 1` is ESCAPE.
     pub radius: i32,
     /// `2R + 3` cumulative frequencies; `cdf[0] = 0`, last = `2^precision`.
     pub cdf: &'a [u32],
-    /// For each of the `2^LOOKUP_BITS` coarse slots, the symbol containing its first point.
-    lookup: &'a [u16],
-    precision: u32,
 }
 
 impl<'a> Table<'a> {
@@ -41,27 +39,6 @@ impl<'a> Table<'a> {
     pub fn interval(&self, symbol: usize) -> (u32, u32) {
         let lo = self.cdf[symbol];
         (lo, self.cdf[symbol + 1] - lo)
-    }
-
-    /// The symbol whose interval contains slot `q` (`q < 2^precision`).
-    #[inline(always)]
-    pub fn find(&self, q: u32) -> usize {
-        let slot = (q >> (self.precision - LOOKUP_BITS)) as usize;
-        let mut lo = self.lookup[slot] as usize;
-        let mut hi = match self.lookup.get(slot + 1) {
-            Some(&next) => next as usize,
-            None => self.escape_symbol(),
-        };
-        // Invariant: cdf[lo] <= q < cdf[hi + 1].
-        while lo < hi {
-            let mid = (lo + hi + 1) / 2;
-            if self.cdf[mid] <= q {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
     }
 }
 
@@ -102,8 +79,13 @@ impl TableBank {
     pub fn shared(params: &ModelParams) -> Arc<TableBank> {
         static CACHE: OnceLock<Mutex<HashMap<ModelParams, Arc<TableBank>>>> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut guard = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        guard.entry(*params).or_insert_with(|| Arc::new(TableBank::build(params))).clone()
+        let mut guard = cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard
+            .entry(*params)
+            .or_insert_with(|| Arc::new(TableBank::build(params)))
+            .clone()
     }
 
     /// Builds every table. `params` must have passed `ModelParams::validate`.
@@ -130,7 +112,8 @@ impl TableBank {
             let mut freqs = Vec::with_capacity(n);
             for d in -radius..=radius {
                 let (a, b) = (d as f64 - 0.5, d as f64 + 0.5);
-                let mass = w_narrow * normal_mass(a / scale, b / scale) + w_wide * normal_mass(a / wide, b / wide);
+                let mass = w_narrow * normal_mass(a / scale, b / scale)
+                    + w_wide * normal_mass(a / wide, b / wide);
                 freqs.push((libm::floor(mass * total as f64 + 0.5) as u64).max(1));
             }
             let in_window: u64 = freqs.iter().sum();
@@ -142,7 +125,11 @@ impl TableBank {
             let centre = radius as usize;
             let mut k = 0usize;
             while excess != 0 {
-                let i = if k % 2 == 0 { centre + k / 2 } else { centre - (k + 1) / 2 };
+                let i = if k % 2 == 0 {
+                    centre + k / 2
+                } else {
+                    centre - k.div_ceil(2)
+                };
                 if excess < 0 {
                     freqs[i] += (-excess) as u64;
                     excess = 0;
@@ -175,7 +162,10 @@ impl TableBank {
         }
         bank.cdf_offsets.push(bank.cdfs.len());
         bank.metas = (0..bank.radii.len())
-            .map(|t| TableMeta { radius: bank.radii[t], cdf_start: bank.cdf_offsets[t] as u32 })
+            .map(|t| TableMeta {
+                radius: bank.radii[t],
+                cdf_start: bank.cdf_offsets[t] as u32,
+            })
             .collect();
         let mut h = Hasher::new();
         for r in &bank.radii {
@@ -212,7 +202,11 @@ impl TableBank {
         let meta = self.metas[index];
         let symbol = residual + meta.radius as i64;
         let escape = 2 * meta.radius as usize + 1;
-        let (s, escaped) = if symbol >= 0 && (symbol as usize) < escape { (symbol as usize, false) } else { (escape, true) };
+        let (s, escaped) = if symbol >= 0 && (symbol as usize) < escape {
+            (symbol as usize, false)
+        } else {
+            (escape, true)
+        };
         let i = meta.cdf_start as usize + s;
         let lo = self.cdfs[i];
         (lo, self.cdfs[i + 1] - lo, escaped)
@@ -231,7 +225,7 @@ impl TableBank {
         let mut hi = lookup.get(slot + 1).map_or(escape, |&next| next as usize);
         // Invariant: cdf[lo] <= q < cdf[hi + 1].
         while lo < hi {
-            let mid = (lo + hi + 1) / 2;
+            let mid = (lo + hi).div_ceil(2);
             if cdf[mid] <= q {
                 lo = mid;
             } else {
@@ -239,17 +233,19 @@ impl TableBank {
             }
         }
         let (cum, next) = (cdf[lo], cdf[lo + 1]);
-        (lo as i64 - meta.radius as i64, cum, next - cum, lo == escape)
+        (
+            lo as i64 - meta.radius as i64,
+            cum,
+            next - cum,
+            lo == escape,
+        )
     }
 
     #[inline(always)]
     pub fn table(&self, index: usize) -> Table<'_> {
-        let lut = 1usize << LOOKUP_BITS;
         Table {
             radius: self.radii[index],
             cdf: &self.cdfs[self.cdf_offsets[index]..self.cdf_offsets[index + 1]],
-            lookup: &self.lookups[index * lut..(index + 1) * lut],
-            precision: self.params.table_precision as u32,
         }
     }
 }
@@ -270,13 +266,21 @@ mod tests {
             for s in 0..=table.escape_symbol() {
                 let (cum, freq) = table.interval(s);
                 assert!(freq >= 1, "table {t} symbol {s} has zero frequency");
-                assert_eq!(table.find(cum), s);
-                assert_eq!(table.find(cum + freq - 1), s);
+                for q in [cum, cum + freq / 2, cum + freq - 1] {
+                    let (residual, c, f, escaped) = bank.decode_interval(t, q);
+                    assert_eq!((c, f), (cum, freq));
+                    assert_eq!(escaped, s == table.escape_symbol());
+                    assert_eq!(residual, s as i64 - table.radius as i64);
+                }
             }
             // symmetric around zero and decreasing away from it
             let r = table.radius as usize;
             for k in 1..=r {
-                assert_eq!(table.interval(r + k).1, table.interval(r - k).1, "table {t} asymmetric at {k}");
+                assert_eq!(
+                    table.interval(r + k).1,
+                    table.interval(r - k).1,
+                    "table {t} asymmetric at {k}"
+                );
                 assert!(table.interval(r + k).1 <= table.interval(r + k - 1).1);
             }
         }
@@ -290,7 +294,8 @@ mod tests {
         let t = (3 * STEPS_PER_OCTAVE - params.min_scale_code()) as usize;
         let table = bank.table(t);
         let p0 = table.interval(table.radius as usize).1 as f64 / (1u64 << 24) as f64;
-        let expected = 0.95 * normal_mass(-0.5 / 8.0, 0.5 / 8.0) + 0.03 * normal_mass(-0.5 / 24.0, 0.5 / 24.0);
+        let expected =
+            0.95 * normal_mass(-0.5 / 8.0, 0.5 / 8.0) + 0.03 * normal_mass(-0.5 / 24.0, 0.5 / 24.0);
         assert!((p0 / expected - 1.0).abs() < 1e-5, "{p0} vs {expected}");
         let escape = table.interval(table.escape_symbol()).1 as f64 / (1u64 << 24) as f64;
         assert!((escape - 1311.0 / 65536.0).abs() < 5e-5, "escape {escape}");
@@ -300,7 +305,12 @@ mod tests {
     fn digest_is_pinned() {
         // A changed digest means every existing stream is refused: bump the format version.
         let bank = TableBank::build(&ModelParams::default());
-        assert_eq!(bank.digest(), PINNED_DIGEST, "digest now {:#x}", bank.digest());
+        assert_eq!(
+            bank.digest(),
+            PINNED_DIGEST,
+            "digest now {:#x}",
+            bank.digest()
+        );
     }
 
     const PINNED_DIGEST: u64 = 0xb920_f85a_fb4b_681d;

@@ -1,0 +1,49 @@
+"""Typed stub of the Rust extension (thin binding over the speckv core crate)."""
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FORMAT_VERSION: int
+DEFAULT_CHUNK_SCALARS: int
+
+class SpeckvError(ValueError): ...
+class CorruptStreamError(SpeckvError): ...
+class ChecksumError(CorruptStreamError): ...
+class UnsupportedStreamError(CorruptStreamError): ...
+class PredictionMismatchError(SpeckvError): ...
+
+_Words = npt.NDArray[np.uint8] | npt.NDArray[np.uint16] | npt.NDArray[np.uint32]
+
+def encode(
+    x: _Words,
+    dtype_name: str,
+    shape: list[int],
+    mu: _Words | None = None,
+    sigma_codes: npt.NDArray[np.int16] | None = None,
+    sigma_strides: list[int] | None = None,
+    threads: int = 1,
+    chunk_scalars: int = ...,
+    torch_hint: bool = False,
+) -> bytes: ...
+def ideal_bits(
+    x: _Words,
+    dtype_name: str,
+    shape: list[int],
+    mu: _Words | None = None,
+    sigma_codes: npt.NDArray[np.int16] | None = None,
+    sigma_strides: list[int] | None = None,
+    threads: int = 1,
+    chunk_scalars: int = ...,
+) -> float: ...
+def decode_into(
+    data: npt.NDArray[np.uint8],
+    out: _Words,
+    mu: _Words | None = None,
+    sigma_codes: npt.NDArray[np.int16] | None = None,
+    sigma_strides: list[int] | None = None,
+    threads: int = 1,
+) -> None: ...
+def info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...
+def sigma_codes(sigma: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]: ...

@@ -1,0 +1,48 @@
+"""Shared strategies: arrays of arbitrary bit patterns in every supported dtype."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+DTYPES = {
+    "bfloat16": (ml_dtypes.bfloat16, np.uint16),
+    "float16": (np.float16, np.uint16),
+    "float8_e4m3fn": (ml_dtypes.float8_e4m3fn, np.uint8),
+    "float8_e5m2": (ml_dtypes.float8_e5m2, np.uint8),
+    "float32": (np.float32, np.uint32),
+}
+
+# Patterns every format must get right: zeros, infinities/NaNs with payloads, subnormals,
+# extremes of the magnitude.
+SPECIALS = {
+    np.uint16: [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFFF, 0x0001, 0x8001, 0x7F7F, 0x7C00, 0xFC00, 0x7E01],
+    np.uint8: [0x00, 0x80, 0x7F, 0xFF, 0x01, 0x81, 0x7E, 0x78, 0x7C, 0xFC, 0x7D],
+    np.uint32: [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFFFFFFF, 1, 0x80000001, 0x7F7FFFFF],
+}
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=9)
+
+
+@st.composite
+def bit_arrays(draw, word, shape=None):
+    """Arrays of `word` whose elements are arbitrary patterns, specials, or near each other."""
+    if shape is None:
+        shape = draw(shapes)
+    info = np.iinfo(word)
+    element = st.one_of(
+        st.integers(int(info.min), int(info.max)),
+        st.sampled_from(SPECIALS[word]),
+    )
+    return draw(hnp.arrays(word, shape, elements=element))
+
+
+def as_dtype(words: np.ndarray, name: str) -> np.ndarray:
+    return words.view(DTYPES[name][0])
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    word = DTYPES[a.dtype.name][1]
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(word), b.view(word))

@@ -1,0 +1,143 @@
+"""Round trips are bit-exact for every dtype, bit pattern, shape, prediction and thread count."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import speckv
+from helpers import DTYPES, as_dtype, bit_arrays, same_bits, shapes
+
+NAMES = list(DTYPES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@given(data=st.data())
+def test_predictor_free_round_trip(name, data):
+    word = DTYPES[name][1]
+    x = as_dtype(data.draw(bit_arrays(word)), name)
+    stream = speckv.encode(x, threads=1)
+    assert same_bits(speckv.decode(stream, threads=2), x)
+    assert speckv.info(stream)["shape"] == list(x.shape)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@given(data=st.data())
+def test_predicted_round_trip_any_patterns(name, data):
+    """x and mu are arbitrary (often far apart, NaN, inf): escapes must carry everything."""
+    word = DTYPES[name][1]
+    x_words = data.draw(bit_arrays(word))
+    x = as_dtype(x_words, name)
+    mu = as_dtype(data.draw(bit_arrays(word, shape=x.shape)), name)
+    sigma = data.draw(st.sampled_from([1e-30, 1e-6, 0.01, 1.0, 1e4, 1e30]))
+    stream = speckv.encode(x, mu, sigma, threads=1)
+    assert same_bits(speckv.decode(stream, mu, sigma, threads=3), x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@given(data=st.data())
+def test_predicted_round_trip_near_prediction(name, data):
+    """The common case: x close to mu, float32 mu, per-channel sigma spanning decades."""
+    shape = data.draw(shapes.filter(lambda s: len(s) >= 1))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    channels = shape[-1]
+    sigma = np.exp(rng.uniform(-12, 3, channels)).astype(np.float32)
+    mu = rng.standard_normal(shape).astype(np.float32) * data.draw(st.sampled_from([1e-3, 1.0, 300.0]))
+    noise = rng.standard_normal(shape).astype(np.float32) * sigma
+    x = (mu + noise).astype(DTYPES[name][0])
+    stream = speckv.encode(x, mu, sigma, threads=2)
+    assert same_bits(speckv.decode(stream, mu, sigma, threads=1), x)
+
+
+@given(data=st.data())
+def test_mu_with_nan_and_inf(data):
+    shape = data.draw(shapes)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    mu = rng.standard_normal(shape).astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38], dtype=np.float32)
+    mask = rng.random(shape) < 0.3
+    mu[mask] = rng.choice(specials, size=int(mask.sum()))
+    stream = speckv.encode(x, mu, 0.1)
+    assert same_bits(speckv.decode(stream, mu, 0.1), x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bytes_do_not_depend_on_thread_count(name):
+    rng = np.random.default_rng(1)
+    mu = rng.standard_normal((40, 3, 1000)).astype(np.float32)
+    sigma = np.linspace(0.01, 0.5, 1000, dtype=np.float32)
+    x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma).astype(DTYPES[name][0])
+    for pred in ((), (mu, sigma)):
+        streams = {t: speckv.encode(x, *pred, threads=t, chunk_size=10_000) for t in (1, 2, 3, 8)}
+        assert len(set(streams.values())) == 1
+        assert speckv.info(streams[1])["chunks"] == 12
+        for t in (1, 4):
+            assert same_bits(speckv.decode(streams[1], *pred, threads=t), x)
+
+
+def test_every_pattern_of_the_small_formats():
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        x = np.arange(256, dtype=np.uint8).view(DTYPES[name][0])
+        mu = np.zeros(256, dtype=np.float32)
+        for pred in ((), (mu, 0.5)):
+            assert same_bits(speckv.decode(speckv.encode(x, *pred), *pred), x)
+    for name in ("bfloat16", "float16"):
+        x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(DTYPES[name][0]).reshape(256, 256)
+        mu = np.ones((256, 256), dtype=np.float32)
+        for pred in ((), (mu, np.full(256, 0.3, np.float32))):
+            assert same_bits(speckv.decode(speckv.encode(x, *pred), *pred), x)
+
+
+def test_non_contiguous_inputs():
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal((20, 64)).astype(ml_dtypes.bfloat16)
+    x = base[::2, ::3]
+    assert not x.flags.c_contiguous
+    mu_base = rng.standard_normal((64, 20)).astype(np.float32)
+    mu = mu_base.T[::2, ::3]
+    sigma = np.full((1, x.shape[1]), 0.2, np.float32)
+    assert same_bits(speckv.decode(speckv.encode(x, mu, sigma), mu, sigma), np.ascontiguousarray(x))
+    assert same_bits(speckv.decode(speckv.encode(x)), np.ascontiguousarray(x))
+
+
+def test_sigma_broadcast_layouts_agree():
+    """Equal effective sigmas give equal streams, whatever layout they were given in."""
+    rng = np.random.default_rng(3)
+    mu = rng.standard_normal((2, 4, 30, 16)).astype(np.float32)
+    x = (mu + 0.05 * rng.standard_normal(mu.shape)).astype(ml_dtypes.bfloat16)
+    per_channel = np.full(16, 0.05, np.float32)
+    full = np.broadcast_to(per_channel, mu.shape).copy()
+    a = speckv.encode(x, mu, per_channel)
+    assert a == speckv.encode(x, mu, full) == speckv.encode(x, mu, 0.05)
+    assert same_bits(speckv.decode(a, mu, full), x)
+
+
+def test_ideal_bits_matches_coded_size():
+    rng = np.random.default_rng(4)
+    mu = rng.standard_normal((512, 256)).astype(np.float32)
+    sigma = np.logspace(-3, -1, 256).astype(np.float32)
+    x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
+    stream = speckv.encode(x, mu, sigma)
+    ideal = speckv.ideal_bits(x, mu, sigma)
+    payload_bits = speckv.info(stream)["payload_bytes"] * 8
+    assert ideal < payload_bits < ideal * 1.003
+    assert speckv.ideal_bits(x) > ideal * 1.3  # the prediction is worth a lot here
+
+
+def test_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float32):
+        mu = torch.randn(3, 17, 8, generator=g)
+        x = (mu + 0.01 * torch.randn(3, 17, 8, generator=g)).to(dtype)
+        stream = speckv.encode(x, mu, torch.full((8,), 0.01))
+        y = speckv.decode(stream, mu, torch.full((8,), 0.01))
+        assert isinstance(y, torch.Tensor) and y.dtype == dtype and y.shape == x.shape
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()]
+        assert torch.equal(y.view(bits), x.view(bits))
+        z = speckv.decode(speckv.encode(x))
+        assert isinstance(z, torch.Tensor) and torch.equal(z.view(bits), x.view(bits))
