@@ -34,7 +34,7 @@ def resolve_threads(threads: int | None) -> int:
 def _prediction(
     shape: tuple[int, ...], name: str, mu: Any, sigma: Any
 ) -> tuple[np.ndarray | None, np.ndarray | None, list[int] | None]:
-    """mu as flat words of the target dtype; sigma as int16 codes plus broadcast strides."""
+    """mu as flat float32; sigma as int16 codes plus broadcast strides."""
     if mu is None and sigma is None:
         return None, None, None
     if mu is None:
@@ -46,12 +46,10 @@ def _prediction(
         raise TypeError(f"mu: expected a floating-point array, got dtype {mu_np.dtype}")
     if tuple(mu_np.shape) != shape:
         raise ValueError(f"mu: shape {tuple(mu_np.shape)} differs from x's shape {shape}")
-    target = _arrays.numpy_dtype(name)
-    if mu_np.dtype != target:
-        # Round to the target format once, here; the coder then only sees integers.
-        with np.errstate(over="ignore", invalid="ignore"):
-            mu_np = mu_np.astype(target)
-    mu_words = _arrays.words_of(mu_np, name)
+    # Rounded to float32 once, here: finer than any 8/16-bit target's grid, so a prediction
+    # that falls between two representable values keeps that information.
+    with np.errstate(over="ignore", invalid="ignore"):
+        mu_words = np.ascontiguousarray(mu_np, dtype=np.float32).reshape(-1)
 
     sigma_np = _arrays.to_numpy(sigma)
     if sigma_np.dtype.kind not in "fiuV" and sigma_np.dtype.name not in _arrays.SUPPORTED_DTYPES:
@@ -87,7 +85,7 @@ def encode(
     """Compress `x` losslessly, against the prediction `mu` with typical error `sigma` if given.
 
     `x` is a numpy array (ml_dtypes bfloat16 / float8, float16, float32) or a torch tensor.
-    `mu` has x's shape and any float dtype (it is rounded to x's dtype once); `sigma` holds
+    `mu` has x's shape and any float dtype (it is rounded to float32 once); `sigma` holds
     positive floats broadcastable to x's shape (a per-channel vector is the usual case). Give
     the same `mu` and `sigma` to `decode`. Without them, a predictor-free adaptive model is used.
 

@@ -13,24 +13,9 @@ use speckv::format::Header;
 use speckv::model::ladder;
 use speckv::{Bits, BitsMut, DType, Error, Prediction, SigmaCodes};
 
-create_exception!(
-    _speckv,
-    SpeckvError,
-    PyValueError,
-    "Base class of every error speckv raises."
-);
-create_exception!(
-    _speckv,
-    CorruptStreamError,
-    SpeckvError,
-    "The bytes are not a valid speckv stream."
-);
-create_exception!(
-    _speckv,
-    ChecksumError,
-    CorruptStreamError,
-    "A checksum did not match: the stream was altered."
-);
+create_exception!(_speckv, SpeckvError, PyValueError, "Base class of every error speckv raises.");
+create_exception!(_speckv, CorruptStreamError, SpeckvError, "The bytes are not a valid speckv stream.");
+create_exception!(_speckv, ChecksumError, CorruptStreamError, "A checksum did not match: the stream was altered.");
 create_exception!(
     _speckv,
     UnsupportedStreamError,
@@ -72,14 +57,11 @@ impl<'py> Words<'py> {
         if let Ok(a) = obj.downcast::<PyArray1<u32>>() {
             return Ok(Words::U32(a.try_readonly()?));
         }
-        Err(PyTypeError::new_err(format!(
-            "{what}: expected a 1-D uint8, uint16 or uint32 numpy array"
-        )))
+        Err(PyTypeError::new_err(format!("{what}: expected a 1-D uint8, uint16 or uint32 numpy array")))
     }
 
     fn bits(&self, what: &str) -> PyResult<Bits<'_>> {
-        let not_contiguous =
-            |_| PyValueError::new_err(format!("{what}: array must be C-contiguous"));
+        let not_contiguous = |_| PyValueError::new_err(format!("{what}: array must be C-contiguous"));
         Ok(match self {
             Words::U8(a) => Bits::U8(a.as_slice().map_err(not_contiguous)?),
             Words::U16(a) => Bits::U16(a.as_slice().map_err(not_contiguous)?),
@@ -94,7 +76,7 @@ fn dtype(name: &str) -> PyResult<DType> {
 
 /// Extracted prediction arguments; `prediction()` borrows them for the core.
 struct PredictionArgs<'py> {
-    mu: Words<'py>,
+    mu: PyReadonlyArray1<'py, f32>,
     codes: PyReadonlyArray1<'py, i16>,
     strides: Vec<usize>,
     shape: Vec<usize>,
@@ -102,7 +84,7 @@ struct PredictionArgs<'py> {
 
 impl<'py> PredictionArgs<'py> {
     fn extract(
-        mu: Option<&Bound<'py, PyAny>>,
+        mu: Option<PyReadonlyArray1<'py, f32>>,
         sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
         sigma_strides: Option<Vec<usize>>,
         shape: &[u64],
@@ -110,36 +92,25 @@ impl<'py> PredictionArgs<'py> {
         match (mu, sigma_codes, sigma_strides) {
             (None, None, None) => Ok(None),
             (Some(mu), Some(codes), Some(strides)) => Ok(Some(PredictionArgs {
-                mu: Words::extract(mu, "mu")?,
+                mu,
                 codes,
                 strides,
                 shape: shape.iter().map(|&d| d as usize).collect(),
             })),
-            _ => Err(PyValueError::new_err(
-                "mu, sigma_codes and sigma_strides go together",
-            )),
+            _ => Err(PyValueError::new_err("mu, sigma_codes and sigma_strides go together")),
         }
     }
 
     fn prediction(&self) -> PyResult<Prediction<'_>> {
-        let codes = self
-            .codes
-            .as_slice()
-            .map_err(|_| PyValueError::new_err("sigma: codes must be C-contiguous"))?;
+        let codes = self.codes.as_slice().map_err(|_| PyValueError::new_err("sigma: codes must be C-contiguous"))?;
         let sigma = SigmaCodes::new(codes, &self.shape, &self.strides).map_err(to_py)?;
-        Ok(Prediction {
-            mu: self.mu.bits("mu")?,
-            sigma,
-        })
+        let mu = self.mu.as_slice().map_err(|_| PyValueError::new_err("mu must be C-contiguous"))?;
+        Ok(Prediction { mu, sigma })
     }
 }
 
 fn options(threads: usize, chunk_scalars: u32) -> EncodeOptions {
-    EncodeOptions {
-        threads,
-        chunk_scalars,
-        ..Default::default()
-    }
+    EncodeOptions { threads, chunk_scalars, ..Default::default() }
 }
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
@@ -151,7 +122,7 @@ fn encode<'py>(
     x: &Bound<'py, PyAny>,
     dtype_name: &str,
     shape: Vec<u64>,
-    mu: Option<&Bound<'py, PyAny>>,
+    mu: Option<PyReadonlyArray1<'py, f32>>,
     sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
     sigma_strides: Option<Vec<usize>>,
     threads: usize,
@@ -163,13 +134,9 @@ fn encode<'py>(
     let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
     let x_bits = x.bits("x")?;
-    let opts = EncodeOptions {
-        torch_hint,
-        ..options(threads, chunk_scalars)
-    };
-    let stream = py
-        .allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts))
-        .map_err(to_py)?;
+    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars) };
+    let stream =
+        py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
 }
 
@@ -182,7 +149,7 @@ fn ideal_bits<'py>(
     x: &Bound<'py, PyAny>,
     dtype_name: &str,
     shape: Vec<u64>,
-    mu: Option<&Bound<'py, PyAny>>,
+    mu: Option<PyReadonlyArray1<'py, f32>>,
     sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
     sigma_strides: Option<Vec<usize>>,
     threads: usize,
@@ -194,8 +161,7 @@ fn ideal_bits<'py>(
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
     let x_bits = x.bits("x")?;
     let opts = options(threads, chunk_scalars);
-    py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts))
-        .map_err(to_py)
+    py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
 }
 
 /// Decodes `data` (a uint8 array over the stream) into `out`, a flat writable array.
@@ -205,37 +171,23 @@ fn decode_into<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
     out: &Bound<'py, PyAny>,
-    mu: Option<&Bound<'py, PyAny>>,
+    mu: Option<PyReadonlyArray1<'py, f32>>,
     sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
     sigma_strides: Option<Vec<usize>>,
     threads: usize,
 ) -> PyResult<()> {
-    let stream = data
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
     let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &header.shape)?;
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
-    let bad_out =
-        || PyTypeError::new_err("out: expected a writable 1-D uint8, uint16 or uint32 array");
+    let bad_out = || PyTypeError::new_err("out: expected a writable 1-D uint8, uint16 or uint32 array");
     macro_rules! run {
         ($t:ty, $variant:ident) => {{
-            let mut arr: PyReadwriteArray1<$t> = out
-                .downcast::<PyArray1<$t>>()
-                .map_err(|_| bad_out())?
-                .try_readwrite()?;
-            let slice = arr
-                .as_slice_mut()
-                .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
-            py.allow_threads(|| {
-                speckv::decode_into(
-                    stream,
-                    BitsMut::$variant(slice),
-                    prediction.as_ref(),
-                    threads,
-                )
-            })
-            .map_err(to_py)?;
+            let mut arr: PyReadwriteArray1<$t> =
+                out.downcast::<PyArray1<$t>>().map_err(|_| bad_out())?.try_readwrite()?;
+            let slice = arr.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+            py.allow_threads(|| speckv::decode_into(stream, BitsMut::$variant(slice), prediction.as_ref(), threads))
+                .map_err(to_py)?;
         }};
     }
     match header.dtype.bits() {
@@ -249,19 +201,14 @@ fn decode_into<'py>(
 /// Header facts of a stream, validated.
 #[pyfunction]
 fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound<'py, PyDict>> {
-    let stream = data
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let h = Header::parse(stream).map_err(to_py)?;
     let d = PyDict::new(py);
     d.set_item("version", speckv::format::FORMAT_VERSION)?;
     d.set_item("dtype", h.dtype.name())?;
     d.set_item("shape", h.shape.clone())?;
     d.set_item("predicted", h.predicted())?;
-    d.set_item(
-        "torch_hint",
-        h.flags & speckv::format::header::FLAG_TORCH_HINT != 0,
-    )?;
+    d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
     d.set_item("n_scalars", h.n_scalars)?;
     d.set_item("chunk_scalars", h.chunk_scalars)?;
     d.set_item("chunks", h.chunks.len())?;
@@ -270,11 +217,7 @@ fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound
     d.set_item("header_bytes", stream.len() as u64 - payload)?;
     d.set_item("total_bytes", stream.len())?;
     d.set_item("raw_bytes", h.n_scalars * h.dtype.bytes() as u64)?;
-    let bits = if h.n_scalars > 0 {
-        stream.len() as f64 * 8.0 / h.n_scalars as f64
-    } else {
-        0.0
-    };
+    let bits = if h.n_scalars > 0 { stream.len() as f64 * 8.0 / h.n_scalars as f64 } else { 0.0 };
     d.set_item("bits_per_scalar", bits)?;
     d.set_item("table_digest", format!("{:016x}", h.table_digest))?;
     d.set_item("fingerprint", format!("{:016x}", h.fingerprint))?;
@@ -283,20 +226,10 @@ fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound
 
 /// `round(8 log2 sigma)` of each float32 sigma, as int16; raises naming `sigma`.
 #[pyfunction]
-fn sigma_codes<'py>(
-    py: Python<'py>,
-    sigma: PyReadonlyArray1<'py, f32>,
-) -> PyResult<Bound<'py, PyArray1<i16>>> {
-    let values = sigma
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("sigma must be contiguous"))?;
+fn sigma_codes<'py>(py: Python<'py>, sigma: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<i16>>> {
+    let values = sigma.as_slice().map_err(|_| PyValueError::new_err("sigma must be contiguous"))?;
     let codes = py
-        .allow_threads(|| {
-            values
-                .iter()
-                .map(|&s| ladder::sigma_code(s))
-                .collect::<Result<Vec<i16>, Error>>()
-        })
+        .allow_threads(|| values.iter().map(|&s| ladder::sigma_code(s)).collect::<Result<Vec<i16>, Error>>())
         .map_err(|e| SpeckvError::new_err(format!("sigma: {e}")))?;
     Ok(PyArray1::from_vec(py, codes))
 }
@@ -312,18 +245,9 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;
-    m.add(
-        "UnsupportedStreamError",
-        py.get_type::<UnsupportedStreamError>(),
-    )?;
-    m.add(
-        "PredictionMismatchError",
-        py.get_type::<PredictionMismatchError>(),
-    )?;
+    m.add("UnsupportedStreamError", py.get_type::<UnsupportedStreamError>())?;
+    m.add("PredictionMismatchError", py.get_type::<PredictionMismatchError>())?;
     m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
-    m.add(
-        "DEFAULT_CHUNK_SCALARS",
-        speckv::codec::DEFAULT_CHUNK_SCALARS,
-    )?;
+    m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
     Ok(())
 }

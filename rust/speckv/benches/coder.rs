@@ -29,11 +29,9 @@ fn bf16(v: f32) -> u16 {
     ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
 
-fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<u16>, Vec<i16>) {
+fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<f32>, Vec<i16>) {
     let mut rng = Rng(42);
-    let sig: Vec<f32> = (0..channels)
-        .map(|c| 0.003 * 100f32.powf(c as f32 / channels as f32))
-        .collect();
+    let sig: Vec<f32> = (0..channels).map(|c| 0.003 * 100f32.powf(c as f32 / channels as f32)).collect();
     let (mut x, mut mu) = (Vec::new(), Vec::new());
     for _ in 0..rows {
         for s in &sig {
@@ -42,7 +40,7 @@ fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<u16>, Vec<i16>) {
             if rng.next() % 200 == 0 {
                 noise *= 20.0;
             }
-            mu.push(bf16(m));
+            mu.push(m);
             x.push(bf16(m + noise));
         }
     }
@@ -50,9 +48,7 @@ fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<u16>, Vec<i16>) {
 }
 
 fn benches(c: &mut Criterion) {
-    c.bench_function("table_bank_build", |b| {
-        b.iter(|| TableBank::build(black_box(&ModelParams::default())))
-    });
+    c.bench_function("table_bank_build", |b| b.iter(|| TableBank::build(black_box(&ModelParams::default()))));
 
     let n = 1 << 20;
     let mut g = c.benchmark_group("range_coder");
@@ -90,19 +86,13 @@ fn benches(c: &mut Criterion) {
     let (rows, ch) = (4096, 256);
     let (x, mu, codes) = workload(rows, ch);
     let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
-    let pred = Prediction {
-        mu: Bits::U16(&mu),
-        sigma,
-    };
+    let pred = Prediction { mu: &mu, sigma };
     let shape = [rows as u64, ch as u64];
     let mut g = c.benchmark_group("kv_bf16");
     g.throughput(Throughput::Elements(x.len() as u64));
     g.sample_size(10);
     for threads in [1usize, 2] {
-        let opts = EncodeOptions {
-            threads,
-            ..Default::default()
-        };
+        let opts = EncodeOptions { threads, ..Default::default() };
         g.bench_function(format!("encode_{threads}t"), |b| {
             b.iter(|| encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap())
         });
@@ -113,16 +103,7 @@ fn benches(c: &mut Criterion) {
         });
     }
     g.bench_function("encode_predictor_free_1t", |b| {
-        b.iter(|| {
-            encode(
-                Bits::U16(&x),
-                DType::BFloat16,
-                &shape,
-                None,
-                &EncodeOptions::default(),
-            )
-            .unwrap()
-        })
+        b.iter(|| encode(Bits::U16(&x), DType::BFloat16, &shape, None, &EncodeOptions::default()).unwrap())
     });
     g.finish();
 }

@@ -5,12 +5,11 @@ use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder};
 use crate::error::{invalid, Error, Result};
 use crate::format::checksum::{checksum, Hasher};
 use crate::format::header::{
-    chunk_count, ChunkEntry, Header, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS,
-    MAX_SCALARS,
+    chunk_count, ChunkEntry, Header, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
-use crate::prediction::{choices_and_fingerprint, Prediction, MAX_NDIM};
+use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
 use crate::words::{Bits, BitsMut, Word};
 use crate::DType;
 
@@ -43,74 +42,39 @@ impl Default for EncodeOptions {
 
 fn shape_scalars(shape: &[u64]) -> Result<u64> {
     if shape.len() > MAX_NDIM {
-        return invalid(format!(
-            "x: {} dimensions (at most {MAX_NDIM})",
-            shape.len()
-        ));
+        return invalid(format!("x: {} dimensions (at most {MAX_NDIM})", shape.len()));
     }
     shape
         .iter()
-        .try_fold(1u64, |acc, &d| {
-            acc.checked_mul(d).filter(|&p| p <= MAX_SCALARS)
-        })
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d).filter(|&p| p <= MAX_SCALARS))
         .ok_or_else(|| Error::InvalidArgument(format!("x: more than {MAX_SCALARS} scalars")))
 }
 
-fn check_prediction(dtype: DType, shape: &[u64], n: usize, prediction: &Prediction) -> Result<()> {
-    prediction.mu.check(dtype, n, "mu")?;
+fn check_prediction(shape: &[u64], n: usize, prediction: &Prediction) -> Result<()> {
+    if prediction.mu.len() != n {
+        return invalid(format!("mu: {} elements given, {n} expected", prediction.mu.len()));
+    }
     let sigma_shape: Vec<u64> = prediction.sigma.shape().iter().map(|&d| d as u64).collect();
     if sigma_shape != shape {
-        return invalid(format!(
-            "sigma: broadcast to {sigma_shape:?}, but x has shape {shape:?}"
-        ));
+        return invalid(format!("sigma: broadcast to {sigma_shape:?}, but x has shape {shape:?}"));
     }
     Ok(())
 }
 
 /// Layout facts shared by encode and ideal_bits.
 fn stream_model(dtype: DType, shape: &[u64], params: ModelParams) -> Result<StreamModel> {
-    params
-        .validate()
-        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    params.validate().map_err(|e| Error::InvalidArgument(e.to_string()))?;
     let period = shape.last().copied().unwrap_or(1).max(1) as usize;
-    Ok(StreamModel::new(
-        dtype,
-        params,
-        period.min(DEFAULT_RAW_CONTEXTS),
-        period,
-    ))
+    Ok(StreamModel::new(dtype, params, period.min(DEFAULT_RAW_CONTEXTS), period))
 }
 
-/// Dispatches on the word width, binding `$w` to `&[u8]`, `&[u16]` or `&[u32]`, and the
-/// prediction's `mu` to a slice of the same type.
+/// Dispatches on the word width, binding `$x` to `&[u8]`, `&[u16]` or `&[u32]`.
 macro_rules! with_words {
-    ($bits:expr, $prediction:expr, |$x:ident, $mu:ident| $body:expr) => {
-        match ($bits, $prediction.map(|p| p.mu)) {
-            (Bits::U8($x), None) => {
-                let $mu: Option<&[u8]> = None;
-                $body
-            }
-            (Bits::U16($x), None) => {
-                let $mu: Option<&[u16]> = None;
-                $body
-            }
-            (Bits::U32($x), None) => {
-                let $mu: Option<&[u32]> = None;
-                $body
-            }
-            (Bits::U8($x), Some(Bits::U8(m))) => {
-                let $mu = Some(m);
-                $body
-            }
-            (Bits::U16($x), Some(Bits::U16(m))) => {
-                let $mu = Some(m);
-                $body
-            }
-            (Bits::U32($x), Some(Bits::U32(m))) => {
-                let $mu = Some(m);
-                $body
-            }
-            _ => return invalid("mu: word width differs from x"),
+    ($bits:expr, |$x:ident| $body:expr) => {
+        match $bits {
+            Bits::U8($x) => $body,
+            Bits::U16($x) => $body,
+            Bits::U32($x) => $body,
         }
     };
 }
@@ -154,7 +118,7 @@ pub fn encode(
     let n = shape_scalars(shape)? as usize;
     x.check(dtype, n, "x")?;
     if let Some(p) = prediction {
-        check_prediction(dtype, shape, n, p)?;
+        check_prediction(shape, n, p)?;
     }
     if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
         return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
@@ -162,29 +126,20 @@ pub fn encode(
     let model = stream_model(dtype, shape, options.params)?;
     let chunk = options.chunk_scalars as usize;
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
-    let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, prediction, |x, mu| {
+    let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
             let words = range.len() * dtype.bits() as usize / 128 + 4;
-            let mut enc = [
-                RangeEncoder::with_capacity_words(words),
-                RangeEncoder::with_capacity_words(words),
-            ];
-            let fingerprint = match (mu, prediction) {
-                (Some(mu), Some(p)) => {
-                    let mu = &mu[range.clone()];
-                    let mut choices = Vec::with_capacity(range.len());
-                    let fp = choices_and_fingerprint(
-                        &model.scales,
-                        mu,
-                        &p.sigma,
-                        range.start,
-                        &mut choices,
-                    );
-                    model.encode_predicted(&mut enc, &x[range.clone()], mu, &choices);
+            let mut enc = [RangeEncoder::with_capacity_words(words), RangeEncoder::with_capacity_words(words)];
+            let fingerprint = match prediction {
+                Some(p) => {
+                    let mu = &p.mu[range.clone()];
+                    let mut codes = Vec::new();
+                    let fp = codes_and_fingerprint(mu, &p.sigma, range.start, &mut codes);
+                    model.encode_predicted(&mut enc, &x[range.clone()], mu, &codes);
                     fp
                 }
-                _ => {
+                None => {
                     model.encode_raw(&mut enc, &x[range.clone()], range.start);
                     0
                 }
@@ -193,15 +148,8 @@ pub fn encode(
         })?
     });
     let mut header = Header {
-        flags: if prediction.is_some() {
-            FLAG_PREDICTED
-        } else {
-            0
-        } | if options.torch_hint {
-            FLAG_TORCH_HINT
-        } else {
-            0
-        },
+        flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
+            | if options.torch_hint { FLAG_TORCH_HINT } else { 0 },
         dtype,
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,
@@ -209,24 +157,14 @@ pub fn encode(
         params: options.params,
         raw_contexts: model.raw_contexts as u16,
         context_period: model.context_period.min(u32::MAX as usize) as u32,
-        table_digest: if prediction.is_some() {
-            model.bank.digest()
-        } else {
-            0
-        },
+        table_digest: if prediction.is_some() { model.table_digest() } else { 0 },
         fingerprint: 0,
         chunks: Vec::with_capacity(n_chunks),
     };
     let mut offset = crate::format::header::header_len(shape.len(), n_chunks) as u64;
     for (bytes, fingerprint) in &payloads {
-        let length = u32::try_from(bytes.len())
-            .map_err(|_| Error::InvalidArgument("chunk too large".into()))?;
-        header.chunks.push(ChunkEntry {
-            offset,
-            length,
-            checksum: checksum(bytes),
-            fingerprint: *fingerprint,
-        });
+        let length = u32::try_from(bytes.len()).map_err(|_| Error::InvalidArgument("chunk too large".into()))?;
+        header.chunks.push(ChunkEntry { offset, length, checksum: checksum(bytes), fingerprint: *fingerprint });
         offset += length as u64;
     }
     if prediction.is_some() {
@@ -252,23 +190,23 @@ pub fn ideal_bits(
     let n = shape_scalars(shape)? as usize;
     x.check(dtype, n, "x")?;
     if let Some(p) = prediction {
-        check_prediction(dtype, shape, n, p)?;
+        check_prediction(shape, n, p)?;
     }
     let model = stream_model(dtype, shape, options.params)?;
     let chunk = options.chunk_scalars.clamp(1, MAX_CHUNK_SCALARS) as usize;
     let n_chunks = n.div_ceil(chunk);
-    let per_chunk: Vec<f64> = with_words!(x, prediction, |x, mu| {
+    let per_chunk: Vec<f64> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
             let mut meter = [IdealMeter::default(), IdealMeter::default()];
-            match (mu, prediction) {
-                (Some(mu), Some(p)) => {
-                    let mu = &mu[range.clone()];
-                    let mut choices = Vec::with_capacity(range.len());
-                    choices_and_fingerprint(&model.scales, mu, &p.sigma, range.start, &mut choices);
-                    model.encode_predicted(&mut meter, &x[range.clone()], mu, &choices)
+            match prediction {
+                Some(p) => {
+                    let mu = &p.mu[range.clone()];
+                    let mut codes = Vec::new();
+                    codes_and_fingerprint(mu, &p.sigma, range.start, &mut codes);
+                    model.encode_predicted(&mut meter, &x[range.clone()], mu, &codes)
                 }
-                _ => model.encode_raw(&mut meter, &x[range.clone()], range.start),
+                None => model.encode_raw(&mut meter, &x[range.clone()], range.start),
             }
             Ok(meter[0].bits + meter[1].bits)
         })?
@@ -286,7 +224,6 @@ fn decode_words<W: Word>(
     header: &Header,
     model: &StreamModel,
     out: &mut [W],
-    mu: Option<&[W]>,
     prediction: Option<&Prediction>,
     threads: usize,
 ) -> Result<()> {
@@ -301,28 +238,24 @@ fn decode_words<W: Word>(
     for_each_piece_mut(threads, out, chunk, |i, piece| {
         let bytes = payload(i);
         if checksum(bytes) != header.chunks[i].checksum {
-            return Err(Error::Checksum(format!(
-                "chunk {i} of {}",
-                header.chunks.len()
-            )));
+            return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
         let start = i * chunk;
-        let mut dec = split_lanes(bytes)
-            .ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
-        match (mu, prediction) {
-            (Some(mu), Some(p)) => {
-                let mu = &mu[start..start + piece.len()];
-                let mut choices = Vec::with_capacity(piece.len());
-                let fp = choices_and_fingerprint(&model.scales, mu, &p.sigma, start, &mut choices);
+        let mut dec = split_lanes(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
+        match prediction {
+            Some(p) => {
+                let mu = &p.mu[start..start + piece.len()];
+                let mut codes = Vec::new();
+                let fp = codes_and_fingerprint(mu, &p.sigma, start, &mut codes);
                 if fp != header.chunks[i].fingerprint {
                     return Err(Error::PredictionMismatch(format!(
                         "the mu/sigma given differ from the encoder's (chunk {i}, scalars {start}..{})",
                         start + piece.len()
                     )));
                 }
-                model.decode_predicted(&mut dec, piece, mu, &choices)
+                model.decode_predicted(&mut dec, piece, mu, &codes)
             }
-            _ => model.decode_raw(&mut dec, piece, start),
+            None => model.decode_raw(&mut dec, piece, start),
         }
         if dec.iter().all(|d| d.finished_cleanly()) {
             Ok(())
@@ -334,12 +267,7 @@ fn decode_words<W: Word>(
 
 /// Decodes `stream` into `out` (as many words as the stream has scalars, of its dtype's
 /// width). `prediction` must be the one the stream was made with. Returns the header.
-pub fn decode_into(
-    stream: &[u8],
-    out: BitsMut,
-    prediction: Option<&Prediction>,
-    threads: usize,
-) -> Result<Header> {
+pub fn decode_into(stream: &[u8], out: BitsMut, prediction: Option<&Prediction>, threads: usize) -> Result<Header> {
     let header = Header::parse(stream)?;
     let n = header.n_scalars as usize;
     if out.width_bits() != header.dtype.bits() || out.len() != n {
@@ -352,50 +280,30 @@ pub fn decode_into(
     }
     match (header.predicted(), prediction) {
         (true, None) => {
-            return Err(Error::PredictionMismatch(
-                "the stream was coded with mu/sigma; give the same to decode".into(),
-            ))
+            return Err(Error::PredictionMismatch("the stream was coded with mu/sigma; give the same to decode".into()))
         }
         (false, Some(_)) => {
-            return Err(Error::PredictionMismatch(
-                "the stream was coded without mu/sigma; give none to decode".into(),
-            ))
+            return Err(Error::PredictionMismatch("the stream was coded without mu/sigma; give none to decode".into()))
         }
-        (_, Some(p)) => check_prediction(header.dtype, &header.shape, n, p)?,
+        (_, Some(p)) => check_prediction(&header.shape, n, p)?,
         _ => {}
     }
-    let model = StreamModel::new(
-        header.dtype,
-        header.params,
-        header.raw_contexts as usize,
-        header.context_period as usize,
-    );
+    let model =
+        StreamModel::new(header.dtype, header.params, header.raw_contexts as usize, header.context_period as usize);
     if header.predicted() {
-        if model.bank.digest() != header.table_digest {
+        if model.table_digest() != header.table_digest {
             return Err(Error::Unsupported(
                 "the stream's probability tables differ from the ones this build computes".into(),
             ));
         }
         if fingerprint_of(&header.chunks) != header.fingerprint {
-            return Err(Error::Corrupt(
-                "prediction fingerprint disagrees with the chunk index".into(),
-            ));
+            return Err(Error::Corrupt("prediction fingerprint disagrees with the chunk index".into()));
         }
     }
-    match (out, prediction.map(|p| p.mu)) {
-        (BitsMut::U8(o), Some(Bits::U8(m))) => {
-            decode_words(stream, &header, &model, o, Some(m), prediction, threads)
-        }
-        (BitsMut::U16(o), Some(Bits::U16(m))) => {
-            decode_words(stream, &header, &model, o, Some(m), prediction, threads)
-        }
-        (BitsMut::U32(o), Some(Bits::U32(m))) => {
-            decode_words(stream, &header, &model, o, Some(m), prediction, threads)
-        }
-        (BitsMut::U8(o), None) => decode_words(stream, &header, &model, o, None, None, threads),
-        (BitsMut::U16(o), None) => decode_words(stream, &header, &model, o, None, None, threads),
-        (BitsMut::U32(o), None) => decode_words(stream, &header, &model, o, None, None, threads),
-        _ => invalid("mu: word width differs from the stream's dtype"),
+    match out {
+        BitsMut::U8(o) => decode_words(stream, &header, &model, o, prediction, threads),
+        BitsMut::U16(o) => decode_words(stream, &header, &model, o, prediction, threads),
+        BitsMut::U32(o) => decode_words(stream, &header, &model, o, prediction, threads),
     }?;
     Ok(header)
 }

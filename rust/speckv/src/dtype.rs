@@ -19,13 +19,8 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 5] = [
-        DType::BFloat16,
-        DType::Float16,
-        DType::Float8E4M3Fn,
-        DType::Float8E5M2,
-        DType::Float32,
-    ];
+    pub const ALL: [DType; 5] =
+        [DType::BFloat16, DType::Float16, DType::Float8E4M3Fn, DType::Float8E5M2, DType::Float32];
 
     pub fn from_code(code: u8) -> Result<DType> {
         DType::ALL
@@ -137,28 +132,13 @@ mod tests {
 
     #[test]
     fn ordinal_round_trips_every_pattern_and_sorts_like_values() {
-        for dtype in [
-            DType::BFloat16,
-            DType::Float16,
-            DType::Float8E4M3Fn,
-            DType::Float8E5M2,
-        ] {
+        for dtype in [DType::BFloat16, DType::Float16, DType::Float8E4M3Fn, DType::Float8E5M2] {
             for bits in 0..=dtype.mask() {
                 assert_eq!(dtype.from_ordinal(dtype.ordinal(bits)), bits);
             }
         }
         let f32_ord = |v: f32| DType::Float32.ordinal(v.to_bits());
-        let values = [
-            f32::NEG_INFINITY,
-            -1.5,
-            -1e-40,
-            -0.0,
-            0.0,
-            1e-40,
-            1.0,
-            1.0000001,
-            f32::INFINITY,
-        ];
+        let values = [f32::NEG_INFINITY, -1.5, -1e-40, -0.0, 0.0, 1e-40, 1.0, 1.0000001, f32::INFINITY];
         for w in values.windows(2) {
             assert!(f32_ord(w[0]) < f32_ord(w[1]), "{} !< {}", w[0], w[1]);
         }
@@ -171,10 +151,7 @@ mod tests {
         let e = DType::Float32.exponent_field(one);
         assert_eq!(DType::Float32.ulp_log2(e), -23);
         // bf16: 1.0 = 0x3F80, next = 0x3F81 = 1 + 2^-7
-        assert_eq!(
-            DType::BFloat16.ulp_log2(DType::BFloat16.exponent_field(0x3F80)),
-            -7
-        );
+        assert_eq!(DType::BFloat16.ulp_log2(DType::BFloat16.exponent_field(0x3F80)), -7);
         // subnormals and the smallest normals share a spacing
         assert_eq!(DType::Float16.ulp_log2(0), DType::Float16.ulp_log2(1));
     }

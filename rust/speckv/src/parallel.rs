@@ -13,9 +13,7 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool> {
         .num_threads(threads)
         .thread_name(|i| format!("speckv-{i}"))
         .build()
-        .map_err(|e| {
-            Error::InvalidArgument(format!("threads: cannot start {threads} threads: {e}"))
-        })
+        .map_err(|e| Error::InvalidArgument(format!("threads: cannot start {threads} threads: {e}")))
 }
 
 fn check_threads(threads: usize) -> Result<()> {
@@ -49,16 +47,9 @@ where
         return Ok(());
     }
     if threads == 1 || out.len() <= piece {
-        return out
-            .chunks_mut(piece)
-            .enumerate()
-            .try_for_each(|(i, s)| f(i, s));
+        return out.chunks_mut(piece).enumerate().try_for_each(|(i, s)| f(i, s));
     }
-    let results: Vec<Result<()>> = pool(threads)?.install(|| {
-        out.par_chunks_mut(piece)
-            .enumerate()
-            .map(|(i, s)| f(i, s))
-            .collect()
-    });
+    let results: Vec<Result<()>> =
+        pool(threads)?.install(|| out.par_chunks_mut(piece).enumerate().map(|(i, s)| f(i, s)).collect());
     results.into_iter().collect()
 }

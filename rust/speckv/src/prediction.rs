@@ -7,8 +7,8 @@
 
 use crate::error::{invalid, Result};
 use crate::format::checksum::Hasher;
-use crate::model::ladder::{ScaleMap, TableChoice};
-use crate::words::{Bits, Word};
+use crate::model::ladder::TableChoice;
+use crate::words::Word;
 
 /// Most dimensions a tensor may have.
 pub const MAX_NDIM: usize = 8;
@@ -38,22 +38,13 @@ impl<'a> SigmaCodes<'a> {
                 last = (d - 1)
                     .checked_mul(s)
                     .and_then(|v| v.checked_add(last))
-                    .ok_or_else(|| {
-                        crate::Error::InvalidArgument("sigma: strides overflow".into())
-                    })?;
+                    .ok_or_else(|| crate::Error::InvalidArgument("sigma: strides overflow".into()))?;
             }
             if last >= codes.len() {
-                return invalid(format!(
-                    "sigma: strides reach element {last} of {}",
-                    codes.len()
-                ));
+                return invalid(format!("sigma: strides reach element {last} of {}", codes.len()));
             }
         }
-        Ok(SigmaCodes {
-            codes,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-        })
+        Ok(SigmaCodes { codes, shape: shape.to_vec(), strides: strides.to_vec() })
     }
 
     /// The same sigma for every element.
@@ -86,13 +77,7 @@ impl<'a> SigmaCodes<'a> {
             _ => (self.shape[ndim - 1], self.strides[ndim - 1]),
         };
         let left_in_row = last_len.saturating_sub(coords.last().copied().unwrap_or(0));
-        SigmaCursor {
-            sigma: self,
-            coords,
-            offset,
-            last_stride,
-            left_in_row,
-        }
+        SigmaCursor { sigma: self, coords, offset, last_stride, left_in_row }
     }
 }
 
@@ -176,8 +161,9 @@ impl SigmaCursor<'_> {
 /// A prediction for a whole tensor.
 #[derive(Debug, Clone)]
 pub struct Prediction<'a> {
-    /// Predicted bit patterns in the target dtype.
-    pub mu: Bits<'a>,
+    /// Predicted values, as float32 whatever the target format: a prediction finer than the
+    /// format's grid is worth keeping (see `chunk`).
+    pub mu: &'a [f32],
     pub sigma: SigmaCodes<'a>,
 }
 
@@ -191,36 +177,29 @@ pub(crate) fn choice_word(c: TableChoice) -> u16 {
 pub(crate) const CHOICE_SHIFT_POS: u32 = 10;
 pub(crate) const CHOICE_TABLE_MASK: u16 = (1 << CHOICE_SHIFT_POS) - 1;
 
-/// Fills `choices` with the packed table choice of each scalar `start..start + mu.len()` and
-/// returns the fingerprint of these integer coding parameters: the predicted bit patterns and
-/// the table each scalar is coded with. Two predictions with equal fingerprints code
-/// identically, so the decoder compares it with the encoder's before decoding a chunk.
-pub(crate) fn choices_and_fingerprint<W: Word>(
-    map: &ScaleMap,
-    mu: &[W],
-    sigma: &SigmaCodes,
-    start: usize,
-    choices: &mut Vec<u16>,
-) -> u64 {
-    const BLOCK: usize = 4096;
-    choices.clear();
-    choices.reserve(mu.len());
-    let mut cursor = sigma.cursor(start);
-    let mut codes = [0i16; BLOCK];
-    for block in mu.chunks(BLOCK) {
-        let codes = &mut codes[..block.len()];
-        cursor.fill(codes);
-        choices.extend(
-            block
-                .iter()
-                .zip(codes.iter())
-                .map(|(&m, &c)| map.choose_packed(c, m.to_u32())),
-        );
-    }
+/// Fills `codes` with the sigma code of each scalar `start..start + mu.len()` and returns the
+/// fingerprint of the integer coding parameters: the bits of `mu` and every scalar's sigma
+/// code. Equal fingerprints code identically (however sigma was laid out), so the decoder
+/// compares it with the encoder's before decoding a chunk.
+pub(crate) fn codes_and_fingerprint(mu: &[f32], sigma: &SigmaCodes, start: usize, codes: &mut Vec<i16>) -> u64 {
+    codes.clear();
+    codes.resize(mu.len(), 0);
+    sigma.cursor(start).fill(codes);
     let mut hasher = Hasher::new();
-    hasher.update(W::as_bytes(mu));
-    hasher.update(u16::as_bytes(choices));
+    for m in mu.chunks(4096) {
+        let bits: Vec<u32> = m.iter().map(|v| v.to_bits()).collect();
+        hasher.update(u32::as_bytes(&bits));
+    }
+    hasher.update(i16_bytes(codes));
     hasher.finish()
+}
+
+fn i16_bytes(codes: &[i16]) -> &[u8] {
+    // SAFETY:
+    // - `codes` is a valid `[i16]`: every byte is initialised, and `i16` has no padding;
+    // - `u8` has alignment 1 and the byte length is the slice's own size;
+    // - the result borrows `codes`, so it cannot outlive it.
+    unsafe { std::slice::from_raw_parts(codes.as_ptr() as *const u8, std::mem::size_of_val(codes)) }
 }
 
 #[cfg(test)]
@@ -281,9 +260,6 @@ mod tests {
         let codes = [1i16, 2];
         assert!(SigmaCodes::new(&codes, &[2, 3], &[0, 1]).is_err());
         assert!(SigmaCodes::new(&codes, &[3], &[usize::MAX]).is_err());
-        assert!(
-            SigmaCodes::new(&codes, &[0, 5], &[9, 9]).is_ok(),
-            "empty tensors touch nothing"
-        );
+        assert!(SigmaCodes::new(&codes, &[0, 5], &[9, 9]).is_ok(), "empty tensors touch nothing");
     }
 }

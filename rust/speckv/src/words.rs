@@ -51,12 +51,7 @@ macro_rules! impl_word {
                 // - `u8` has alignment 1, and the byte length `size_of_val(slice)` cannot
                 //   overflow because the slice already occupies that many bytes;
                 // - the returned slice borrows `slice`, so it cannot outlive the data.
-                unsafe {
-                    std::slice::from_raw_parts(
-                        slice.as_ptr() as *const u8,
-                        std::mem::size_of_val(slice),
-                    )
-                }
+                unsafe { std::slice::from_raw_parts(slice.as_ptr() as *const u8, std::mem::size_of_val(slice)) }
             }
         }
     };
@@ -114,10 +109,7 @@ impl Bits<'_> {
             ));
         }
         if self.len() != n {
-            return invalid(format!(
-                "{what}: {} elements given, {n} expected",
-                self.len()
-            ));
+            return invalid(format!("{what}: {} elements given, {n} expected", self.len()));
         }
         Ok(())
     }

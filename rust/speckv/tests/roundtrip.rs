@@ -2,9 +2,7 @@
 
 use speckv::codec::EncodeOptions;
 use speckv::model::ladder::sigma_code;
-use speckv::{
-    decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, Prediction, SigmaCodes,
-};
+use speckv::{decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, Prediction, SigmaCodes};
 
 struct Rng(u64);
 impl Rng {
@@ -29,11 +27,9 @@ fn bf16(v: f32) -> u16 {
 }
 
 /// KV-like data: per-channel sigma, x = mu + noise, a few outliers.
-fn kv_like(rows: usize, channels: usize, seed: u64) -> (Vec<u16>, Vec<u16>, Vec<i16>) {
+fn kv_like(rows: usize, channels: usize, seed: u64) -> (Vec<u16>, Vec<f32>, Vec<i16>) {
     let mut rng = Rng(seed);
-    let sig: Vec<f32> = (0..channels)
-        .map(|c| 0.01 * 10f32.powf(2.0 * c as f32 / channels as f32))
-        .collect();
+    let sig: Vec<f32> = (0..channels).map(|c| 0.01 * 10f32.powf(2.0 * c as f32 / channels as f32)).collect();
     let mut x = Vec::new();
     let mut mu = Vec::new();
     for _ in 0..rows {
@@ -43,7 +39,7 @@ fn kv_like(rows: usize, channels: usize, seed: u64) -> (Vec<u16>, Vec<u16>, Vec<
             if rng.next() % 200 == 0 {
                 v = m + rng.normal() * 50.0 * s;
             }
-            mu.push(bf16(m));
+            mu.push(m);
             x.push(bf16(v));
         }
     }
@@ -57,14 +53,8 @@ fn predicted_bf16_round_trips_identically_on_any_thread_count() {
     let (x, mu, codes) = kv_like(rows, ch, 1);
     let shape = [rows as u64, ch as u64];
     let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
-    let pred = Prediction {
-        mu: Bits::U16(&mu),
-        sigma,
-    };
-    let mut opts = EncodeOptions {
-        chunk_scalars: 20_000,
-        ..Default::default()
-    };
+    let pred = Prediction { mu: &mu, sigma };
+    let mut opts = EncodeOptions { chunk_scalars: 20_000, ..Default::default() };
     let one = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
     opts.threads = 3;
     let three = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
@@ -93,36 +83,21 @@ fn predictor_free_round_trips_every_dtype() {
         match dtype.bits() {
             8 => {
                 let x: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-                let s =
-                    encode(Bits::U8(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
+                let s = encode(Bits::U8(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
                 let mut out = vec![0u8; n];
                 decode_into(&s, BitsMut::U8(&mut out), None, 2).unwrap();
                 out_ok &= out == x;
             }
             16 => {
                 let x: Vec<u16> = (0..n).map(|_| rng.next() as u16).collect();
-                let s = encode(
-                    Bits::U16(&x),
-                    dtype,
-                    &shape,
-                    None,
-                    &EncodeOptions::default(),
-                )
-                .unwrap();
+                let s = encode(Bits::U16(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
                 let mut out = vec![0u16; n];
                 decode_into(&s, BitsMut::U16(&mut out), None, 2).unwrap();
                 out_ok &= out == x;
             }
             _ => {
                 let x: Vec<u32> = (0..n).map(|_| rng.next() as u32).collect();
-                let s = encode(
-                    Bits::U32(&x),
-                    dtype,
-                    &shape,
-                    None,
-                    &EncodeOptions::default(),
-                )
-                .unwrap();
+                let s = encode(Bits::U32(&x), dtype, &shape, None, &EncodeOptions::default()).unwrap();
                 let mut out = vec![0u32; n];
                 decode_into(&s, BitsMut::U32(&mut out), None, 2).unwrap();
                 out_ok &= out == x;
@@ -132,25 +107,12 @@ fn predictor_free_round_trips_every_dtype() {
     }
 }
 
-fn small_stream() -> (Vec<u8>, Vec<u16>, Vec<u16>, Vec<i16>) {
+fn small_stream() -> (Vec<u8>, Vec<u16>, Vec<f32>, Vec<i16>) {
     let (x, mu, codes) = kv_like(20, 16, 5);
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-    let pred = Prediction {
-        mu: Bits::U16(&mu),
-        sigma,
-    };
-    let opts = EncodeOptions {
-        chunk_scalars: 100,
-        ..Default::default()
-    };
-    let s = encode(
-        Bits::U16(&x),
-        DType::BFloat16,
-        &[20, 16],
-        Some(&pred),
-        &opts,
-    )
-    .unwrap();
+    let pred = Prediction { mu: &mu, sigma };
+    let opts = EncodeOptions { chunk_scalars: 100, ..Default::default() };
+    let s = encode(Bits::U16(&x), DType::BFloat16, &[20, 16], Some(&pred), &opts).unwrap();
     (s, x, mu, codes)
 }
 
@@ -158,10 +120,7 @@ fn small_stream() -> (Vec<u8>, Vec<u16>, Vec<u16>, Vec<i16>) {
 fn every_bit_flip_and_truncation_is_reported() {
     let (stream, x, mu, codes) = small_stream();
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-    let pred = Prediction {
-        mu: Bits::U16(&mu),
-        sigma,
-    };
+    let pred = Prediction { mu: &mu, sigma };
     let mut out = vec![0u16; x.len()];
     for byte in 0..stream.len() {
         for bit in 0..8 {
@@ -187,15 +146,13 @@ fn every_bit_flip_and_truncation_is_reported() {
 #[test]
 fn perturbed_prediction_is_a_mismatch() {
     let (stream, x, mut mu, codes) = small_stream();
-    mu[77] ^= 0x0100;
+    mu[77] += 0.25;
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-    let pred = Prediction {
-        mu: Bits::U16(&mu),
-        sigma,
-    };
+    let pred = Prediction { mu: &mu, sigma };
     let mut out = vec![0u16; x.len()];
     let err = decode_into(&stream, BitsMut::U16(&mut out), Some(&pred), 1).unwrap_err();
     assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
     let err = decode_into(&stream, BitsMut::U16(&mut out), None, 1).unwrap_err();
     assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
 }
+

@@ -16,13 +16,7 @@ pub struct RangeDecoder<'a> {
 
 impl<'a> RangeDecoder<'a> {
     pub fn new(input: &'a [u8]) -> Self {
-        let mut dec = RangeDecoder {
-            point: 0,
-            range: u64::MAX,
-            scale: 1,
-            input,
-            pos: 0,
-        };
+        let mut dec = RangeDecoder { point: 0, range: u64::MAX, scale: 1, input, pos: 0 };
         let hi = dec.next_word() as u64;
         let lo = dec.next_word() as u64;
         dec.point = (hi << WORD_BITS) | lo;

@@ -19,19 +19,11 @@ impl Default for RangeEncoder {
 
 impl RangeEncoder {
     pub fn new() -> Self {
-        RangeEncoder {
-            low: 0,
-            range: u64::MAX,
-            words: Vec::new(),
-        }
+        RangeEncoder { low: 0, range: u64::MAX, words: Vec::new() }
     }
 
     pub fn with_capacity_words(words: usize) -> Self {
-        RangeEncoder {
-            low: 0,
-            range: u64::MAX,
-            words: Vec::with_capacity(words),
-        }
+        RangeEncoder { low: 0, range: u64::MAX, words: Vec::with_capacity(words) }
     }
 
     /// Invariant 3: ripple a carry into the words already written.

@@ -17,10 +17,7 @@ fn skewed_cdf(n: u32, precision: u32) -> Vec<u32> {
     let total = 1u64 << precision;
     let weights: Vec<u64> = (0..n as u64).map(|i| 1 + 1000 / (1 + i * i)).collect();
     let sum: u64 = weights.iter().sum();
-    let mut freqs: Vec<u64> = weights
-        .iter()
-        .map(|w| (w * (total - n as u64) / sum) + 1)
-        .collect();
+    let mut freqs: Vec<u64> = weights.iter().map(|w| (w * (total - n as u64) / sum) + 1).collect();
     let used: u64 = freqs.iter().sum();
     freqs[0] += total - used;
     let mut cdf = vec![0u32];
@@ -45,10 +42,8 @@ fn decode_symbol(dec: &mut RangeDecoder, cdf: &[u32], precision: u32) -> usize {
 #[test]
 fn round_trip_mixed_precisions_and_raw_bits() {
     let mut rng = SplitMix(7);
-    let tables: Vec<(u32, Vec<u32>)> = [1u32, 8, 12, 16, 24]
-        .iter()
-        .map(|&p| (p, skewed_cdf(2.min(1 << p), p)))
-        .collect();
+    let tables: Vec<(u32, Vec<u32>)> =
+        [1u32, 8, 12, 16, 24].iter().map(|&p| (p, skewed_cdf(2.min(1 << p), p))).collect();
     let big = skewed_cdf(300, 24);
     let mut enc = RangeEncoder::new();
     let mut script = Vec::new();
@@ -63,10 +58,7 @@ fn round_trip_mixed_precisions_and_raw_bits() {
                 let (p, cdf) = &tables[(rng.next() % tables.len() as u64) as usize];
                 let s = sample(cdf, &mut rng, *p);
                 enc.put(cdf[s], cdf[s + 1] - cdf[s], *p);
-                script.push((
-                    1 + tables.iter().position(|t| t.0 == *p).unwrap() as u8,
-                    s as u32,
-                ));
+                script.push((1 + tables.iter().position(|t| t.0 == *p).unwrap() as u8, s as u32));
             }
             _ => {
                 let nbits = (rng.next() % 33) as u32;
@@ -141,21 +133,12 @@ fn empty_stream_is_one_word() {
 #[test]
 fn golden_words_pin_the_coder() {
     let mut enc = RangeEncoder::new();
-    for (cum, freq, p) in [
-        (0u32, 3u32, 2u32),
-        (100, 50, 8),
-        (1 << 20, 1 << 10, 24),
-        (5, 1, 3),
-        (0xABCD, 1, 16),
-    ] {
+    for (cum, freq, p) in [(0u32, 3u32, 2u32), (100, 50, 8), (1 << 20, 1 << 10, 24), (5, 1, 3), (0xABCD, 1, 16)] {
         enc.put(cum, freq, p);
     }
     let bytes = enc.finish();
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(
-        hex, GOLDEN_HEX,
-        "the coder's output changed: that is a format change"
-    );
+    assert_eq!(hex, GOLDEN_HEX, "the coder's output changed: that is a format change");
     let mut dec = RangeDecoder::new(&bytes);
     for (cum, freq, p) in [(0u32, 3u32, 2u32), (100, 50, 8), (1 << 20, 1 << 10, 24)] {
         let q = dec.peek(p);

@@ -121,10 +121,7 @@ impl<'a> Reader<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            None => corrupt(format!(
-                "truncated: header needs more than the {} bytes given",
-                self.bytes.len()
-            )),
+            None => corrupt(format!("truncated: header needs more than the {} bytes given", self.bytes.len())),
         }
     }
     fn u8(&mut self) -> Result<u8> {
@@ -207,9 +204,7 @@ impl Header {
         r.take(4)?;
         let version = r.u16()?;
         if version != FORMAT_VERSION {
-            return Err(Error::Unsupported(format!(
-                "format version {version}; this build reads {FORMAT_VERSION}"
-            )));
+            return Err(Error::Unsupported(format!("format version {version}; this build reads {FORMAT_VERSION}")));
         }
         let flags = r.u16()?;
         if flags & !KNOWN_FLAGS != 0 {
@@ -232,20 +227,14 @@ impl Header {
             product = product
                 .checked_mul(d)
                 .filter(|&p| p <= MAX_SCALARS)
-                .ok_or_else(|| {
-                    Error::Corrupt(format!("shape has more than {MAX_SCALARS} scalars"))
-                })?;
+                .ok_or_else(|| Error::Corrupt(format!("shape has more than {MAX_SCALARS} scalars")))?;
             shape.push(d);
         }
         if product != n_scalars {
-            return corrupt(format!(
-                "shape holds {product} scalars but the header says {n_scalars}"
-            ));
+            return corrupt(format!("shape holds {product} scalars but the header says {n_scalars}"));
         }
         if chunk_scalars == 0 || chunk_scalars > MAX_CHUNK_SCALARS {
-            return corrupt(format!(
-                "{chunk_scalars} scalars per chunk (1..={MAX_CHUNK_SCALARS})"
-            ));
+            return corrupt(format!("{chunk_scalars} scalars per chunk (1..={MAX_CHUNK_SCALARS})"));
         }
         let params = read_params(&mut r)?;
         let raw_contexts = r.u16()?;
@@ -260,9 +249,7 @@ impl Header {
             return corrupt("reserved header bytes are not zero");
         }
         if n_chunks != chunk_count(n_scalars, chunk_scalars) {
-            return corrupt(format!(
-                "{n_chunks} chunks for {n_scalars} scalars in chunks of {chunk_scalars}"
-            ));
+            return corrupt(format!("{n_chunks} chunks for {n_scalars} scalars in chunks of {chunk_scalars}"));
         }
         // The index must fit in the bytes we have before we allocate room for it.
         let index_len = n_chunks.saturating_mul(CHUNK_ENTRY_LEN as u64);
@@ -279,12 +266,7 @@ impl Header {
             }
             let checksum = r.u64()?;
             let fingerprint = r.u64()?;
-            chunks.push(ChunkEntry {
-                offset,
-                length,
-                checksum,
-                fingerprint,
-            });
+            chunks.push(ChunkEntry { offset, length, checksum, fingerprint });
         }
         let covered = r.pos;
         let stored = r.u64()?;
@@ -297,9 +279,7 @@ impl Header {
         // (or a forger who recomputed the checksum) writing nonsense.
         params.validate()?;
         if raw_contexts == 0 || raw_contexts > MAX_RAW_CONTEXTS {
-            return corrupt(format!(
-                "{raw_contexts} predictor-free contexts (1..={MAX_RAW_CONTEXTS})"
-            ));
+            return corrupt(format!("{raw_contexts} predictor-free contexts (1..={MAX_RAW_CONTEXTS})"));
         }
         if context_period == 0 {
             return corrupt("context period is zero");
@@ -307,10 +287,7 @@ impl Header {
         let mut expected_offset = r.pos as u64;
         for (i, c) in chunks.iter().enumerate() {
             if c.offset != expected_offset {
-                return corrupt(format!(
-                    "chunk {i} starts at {} instead of {expected_offset}",
-                    c.offset
-                ));
+                return corrupt(format!("chunk {i} starts at {} instead of {expected_offset}", c.offset));
             }
             // Lane-0 length plus two coders' final words at least (see `chunk`).
             if c.length < 12 || c.length % 4 != 0 {
@@ -322,18 +299,12 @@ impl Header {
                 chunk_scalars as u64
             };
             if scalars > (c.length as u64 + 16) << MAX_SCALARS_PER_BYTE_LOG2 {
-                return corrupt(format!(
-                    "chunk {i} claims {scalars} scalars in {} bytes",
-                    c.length
-                ));
+                return corrupt(format!("chunk {i} claims {scalars} scalars in {} bytes", c.length));
             }
             expected_offset += c.length as u64;
         }
         if expected_offset != bytes.len() as u64 {
-            return corrupt(format!(
-                "payloads end at byte {expected_offset} but the stream has {} bytes",
-                bytes.len()
-            ));
+            return corrupt(format!("payloads end at byte {expected_offset} but the stream has {} bytes", bytes.len()));
         }
         Ok(Header {
             flags,

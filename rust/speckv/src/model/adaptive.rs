@@ -31,10 +31,7 @@ pub struct AdaptiveModel {
 impl AdaptiveModel {
     /// A model over `n` symbols (2 ..= 4096) starting from the uniform distribution.
     pub fn new(n: usize, params: &ModelParams) -> AdaptiveModel {
-        assert!(
-            (2..=4096).contains(&n),
-            "adaptive alphabets have 2..=4096 symbols"
-        );
+        assert!((2..=4096).contains(&n), "adaptive alphabets have 2..=4096 symbols");
         let min_freq = RESERVED_FOR_OTHERS.div_ceil(n as u32 - 1).max(1);
         let mut model = AdaptiveModel {
             counts: vec![1; n],
@@ -136,10 +133,7 @@ mod tests {
         for _ in 0..5000 {
             m.encode(&mut meter, 5);
         }
-        assert!(
-            m.freq(5) > (1 << PRECISION) * 9 / 10,
-            "the window slid to the new symbol"
-        );
+        assert!(m.freq(5) > (1 << PRECISION) * 9 / 10, "the window slid to the new symbol");
         for s in 0..8 {
             assert!(m.freq(s) >= 1);
         }
@@ -148,9 +142,7 @@ mod tests {
     #[test]
     fn decoder_follows_the_encoder() {
         let params = ModelParams::default();
-        let symbols: Vec<usize> = (0..20_000u64)
-            .map(|i| ((i * i * 7 + i / 100) % 37) as usize)
-            .collect();
+        let symbols: Vec<usize> = (0..20_000u64).map(|i| ((i * i * 7 + i / 100) % 37) as usize).collect();
         let mut enc_model = AdaptiveModel::new(37, &params);
         let mut enc = RangeEncoder::new();
         for &s in &symbols {

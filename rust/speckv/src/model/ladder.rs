@@ -8,9 +8,7 @@ use crate::error::{Error, Result};
 
 /// `ceil(2^23 (2^((2i+1)/16) - 1))`: an f32 mantissa at or above entry `i` rounds
 /// `8 log2(1 + m / 2^23)` up past `i + 1/2`. (Checked against libm in the tests.)
-const MANTISSA_THRESHOLDS: [u32; 8] = [
-    371396, 1164244, 2028851, 2971711, 3999908, 5121165, 6343903, 7677310,
-];
+const MANTISSA_THRESHOLDS: [u32; 8] = [371396, 1164244, 2028851, 2971711, 3999908, 5121165, 6343903, 7677310];
 
 /// Sigma codes are clamped here; nothing finer or coarser changes any table choice.
 pub const SIGMA_CODE_MIN: i32 = -8 * 127;
@@ -20,9 +18,7 @@ pub const SIGMA_CODE_MAX: i32 = 8 * 128;
 /// `SIGMA_CODE_MIN`. Errors name the offending value.
 pub fn sigma_code(sigma: f32) -> Result<i16> {
     if !(sigma.is_finite() && sigma > 0.0) {
-        return Err(Error::InvalidArgument(format!(
-            "sigma must be positive and finite, got {sigma}"
-        )));
+        return Err(Error::InvalidArgument(format!("sigma must be positive and finite, got {sigma}")));
     }
     let bits = sigma.to_bits();
     let exponent = (bits >> 23) as i32;
@@ -30,11 +26,45 @@ pub fn sigma_code(sigma: f32) -> Result<i16> {
         return Ok(SIGMA_CODE_MIN as i16);
     }
     let mantissa = bits & 0x7F_FFFF;
-    let step = MANTISSA_THRESHOLDS
-        .iter()
-        .filter(|&&t| mantissa >= t)
-        .count() as i32;
+    let step = MANTISSA_THRESHOLDS.iter().filter(|&&t| mantissa >= t).count() as i32;
     Ok((STEPS_PER_OCTAVE * (exponent - 127) + step).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16)
+}
+
+/// `2^(r/8)` for `r = 0..8`, from the pure-Rust libm (identical on every platform).
+fn eighth_octave_roots() -> &'static [f64; 8] {
+    static ROOTS: std::sync::OnceLock<[f64; 8]> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| std::array::from_fn(|r| libm::exp2(r as f64 / 8.0)))
+}
+
+/// The ladder value `2^(code/8)` of a sigma code, and its reciprocal, exactly as both coder
+/// sides compute them (an exact power of two times a fixed root).
+#[inline]
+pub fn sigma_and_inverse(code: i16) -> (f64, f64) {
+    let roots = eighth_octave_roots();
+    let (octave, step) = ((code as i32).div_euclid(8), (code as i32).rem_euclid(8) as usize);
+    let pow2 = |e: i32| f64::from_bits(((e + 1023) as u64) << 52);
+    (roots[step] * pow2(octave), pow2(-octave) / roots[step])
+}
+
+/// `sigma_and_inverse` of every sigma code, looked up instead of recomputed per scalar.
+#[derive(Debug)]
+pub struct SigmaTable {
+    entries: Vec<(f64, f64)>,
+}
+
+impl SigmaTable {
+    pub fn shared() -> &'static SigmaTable {
+        static TABLE: std::sync::OnceLock<SigmaTable> = std::sync::OnceLock::new();
+        TABLE.get_or_init(|| SigmaTable {
+            entries: (SIGMA_CODE_MIN..=SIGMA_CODE_MAX).map(|c| sigma_and_inverse(c as i16)).collect(),
+        })
+    }
+
+    /// `(sigma, 1 / sigma)` of a code; codes outside the ladder clamp to its ends.
+    #[inline(always)]
+    pub fn get(&self, code: i16) -> (f64, f64) {
+        self.entries[(code as i32).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as usize - SIGMA_CODE_MIN as usize]
+    }
 }
 
 /// Where a scale code sends a residual: table `table`, after dropping `shift` low bits that
@@ -62,31 +92,20 @@ pub struct ScaleMap {
 
 impl ScaleMap {
     pub fn new(dtype: DType, params: &ModelParams) -> ScaleMap {
-        let exponent_offset = (0..1u32 << dtype.exponent_bits())
-            .map(|e| -STEPS_PER_OCTAVE * dtype.ulp_log2(e))
-            .collect();
+        let exponent_offset =
+            (0..1u32 << dtype.exponent_bits()).map(|e| -STEPS_PER_OCTAVE * dtype.ulp_log2(e)).collect();
         let min_code = params.min_scale_code();
         let top = params.max_scale_code();
         // A residual is at most 2^bits ulps away, so no shift beyond the width is ever useful.
         let max_code = top + STEPS_PER_OCTAVE * dtype.bits() as i32;
         let choices: Vec<TableChoice> = (min_code..=max_code)
             .map(|code| {
-                let shift = if code > top {
-                    (code - top + STEPS_PER_OCTAVE - 1) / STEPS_PER_OCTAVE
-                } else {
-                    0
-                };
+                let shift = if code > top { (code - top + STEPS_PER_OCTAVE - 1) / STEPS_PER_OCTAVE } else { 0 };
                 let table = code - STEPS_PER_OCTAVE * shift - min_code;
-                TableChoice {
-                    table: table as u16,
-                    shift: shift as u8,
-                }
+                TableChoice { table: table as u16, shift: shift as u8 }
             })
             .collect();
-        let packed = choices
-            .iter()
-            .map(|&c| crate::prediction::choice_word(c))
-            .collect();
+        let packed = choices.iter().map(|&c| crate::prediction::choice_word(c)).collect();
         ScaleMap {
             exponent_offset,
             min_code,
@@ -102,15 +121,13 @@ impl ScaleMap {
     #[inline(always)]
     pub fn choose_packed(&self, sigma_code: i16, mu_bits: u32) -> u16 {
         let exponent = (mu_bits >> self.mantissa_bits) & self.exponent_mask;
-        let code = (sigma_code as i32 + self.exponent_offset[exponent as usize])
-            .clamp(self.min_code, self.max_code);
+        let code = (sigma_code as i32 + self.exponent_offset[exponent as usize]).clamp(self.min_code, self.max_code);
         self.packed[(code - self.min_code) as usize]
     }
 
     #[inline(always)]
     pub fn choose(&self, sigma_code: i16, exponent_field: u32) -> TableChoice {
-        let offset =
-            self.exponent_offset[exponent_field as usize & (self.exponent_offset.len() - 1)];
+        let offset = self.exponent_offset[exponent_field as usize & (self.exponent_offset.len() - 1)];
         let code = (sigma_code as i32 + offset).clamp(self.min_code, self.max_code);
         self.choices[(code - self.min_code) as usize]
     }
@@ -138,13 +155,21 @@ mod tests {
         }
         assert_eq!(sigma_code(1.0).unwrap(), 0);
         assert_eq!(sigma_code(2.0).unwrap(), 8);
-        assert_eq!(
-            sigma_code(f32::from_bits(1)).unwrap() as i32,
-            SIGMA_CODE_MIN
-        );
+        assert_eq!(sigma_code(f32::from_bits(1)).unwrap() as i32, SIGMA_CODE_MIN);
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             assert!(sigma_code(bad).is_err());
         }
+    }
+
+    #[test]
+    fn ladder_values_are_powers_of_the_eighth_root_of_two() {
+        for code in [SIGMA_CODE_MIN as i16, -9, -8, -1, 0, 1, 7, 8, 100, SIGMA_CODE_MAX as i16] {
+            let (s, inv) = sigma_and_inverse(code);
+            let exact = 2f64.powf(code as f64 / 8.0);
+            assert!((s / exact - 1.0).abs() < 1e-15, "{code}");
+            assert!((s * inv - 1.0).abs() < 1e-15, "{code}");
+        }
+        assert_eq!(sigma_and_inverse(8).0, 2.0);
     }
 
     #[test]
@@ -154,21 +179,12 @@ mod tests {
         let e_one = DType::BFloat16.exponent_field(0x3F80); // ulp 2^-7
                                                             // sigma = 2^-7 -> s = 1 ulp -> code 0 -> table 32 (min code -32), no shift
         let c = map.choose(sigma_code(2f32.powi(-7)).unwrap(), e_one);
-        assert_eq!(
-            c,
-            TableChoice {
-                table: 32,
-                shift: 0
-            }
-        );
+        assert_eq!(c, TableChoice { table: 32, shift: 0 });
         // sigma = 2^3 -> s = 2^10 ulp -> 4 octaves above the top table
         let c = map.choose(sigma_code(8.0).unwrap(), e_one);
         assert_eq!(c.shift, 4);
         assert_eq!(c.table as usize, params.n_tables() - 1);
         // tiny sigma clamps to the first table
-        assert_eq!(
-            map.choose(sigma_code(1e-30).unwrap(), e_one),
-            TableChoice { table: 0, shift: 0 }
-        );
+        assert_eq!(map.choose(sigma_code(1e-30).unwrap(), e_one), TableChoice { table: 0, shift: 0 });
     }
 }

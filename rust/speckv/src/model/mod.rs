@@ -3,7 +3,9 @@
 //! tables do not cover (escapes and the predictor-free mode).
 
 pub mod adaptive;
+pub mod grid;
 pub mod ladder;
+pub mod mixture;
 pub mod params;
 pub mod raw;
 pub mod tables;

@@ -58,22 +58,15 @@ impl ModelParams {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Corrupt(format!("model parameters: {m}")));
         if !(12..=24).contains(&self.table_precision) {
-            return bad(format!(
-                "table precision {} outside 12..=24",
-                self.table_precision
-            ));
+            return bad(format!("table precision {} outside 12..=24", self.table_precision));
         }
         if !(-8..=0).contains(&self.min_scale_log2) || !(1..=8).contains(&self.max_scale_log2) {
             return bad("scale ladder outside 2^-8 ..= 2^8".into());
         }
         if !(4..=64).contains(&self.window_scales) {
-            return bad(format!(
-                "window of {} scales outside 4..=64",
-                self.window_scales
-            ));
+            return bad(format!("window of {} scales outside 4..=64", self.window_scales));
         }
-        let weights =
-            self.weight_narrow as u32 + self.weight_wide as u32 + self.weight_escape as u32;
+        let weights = self.weight_narrow as u32 + self.weight_wide as u32 + self.weight_escape as u32;
         if weights != 1 << 16 {
             return bad(format!("mixture weights add up to {weights}, not 65536"));
         }

@@ -33,15 +33,10 @@ impl RawPatternModel {
 
     #[inline]
     pub fn encode<S: SymbolSink>(&mut self, sink: &mut S, bits: u32) {
-        self.head
-            .encode(sink, (bits >> self.mantissa_bits) as usize);
+        self.head.encode(sink, (bits >> self.mantissa_bits) as usize);
         let mantissa = bits & ((1u32 << self.mantissa_bits) - 1);
-        self.mantissa
-            .encode(sink, (mantissa >> self.uniform_bits) as usize);
-        sink.put_bits(
-            mantissa & ((1u32 << self.uniform_bits) - 1),
-            self.uniform_bits,
-        );
+        self.mantissa.encode(sink, (mantissa >> self.uniform_bits) as usize);
+        sink.put_bits(mantissa & ((1u32 << self.uniform_bits) - 1), self.uniform_bits);
     }
 
     #[inline]
@@ -65,18 +60,8 @@ mod tests {
             let patterns: Vec<u32> = if dtype.bits() <= 16 {
                 (0..=dtype.mask()).collect()
             } else {
-                [
-                    0u32,
-                    0x8000_0000,
-                    0x7F80_0000,
-                    0xFF80_0000,
-                    0x7FC0_0001,
-                    0xFFBF_FFFF,
-                    1,
-                    0x807F_FFFF,
-                    0x3F80_0000,
-                ]
-                .to_vec()
+                [0u32, 0x8000_0000, 0x7F80_0000, 0xFF80_0000, 0x7FC0_0001, 0xFFBF_FFFF, 1, 0x807F_FFFF, 0x3F80_0000]
+                    .to_vec()
             };
             let mut model = RawPatternModel::new(dtype, &params);
             let mut enc = RangeEncoder::new();

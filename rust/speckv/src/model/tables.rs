@@ -79,13 +79,8 @@ impl TableBank {
     pub fn shared(params: &ModelParams) -> Arc<TableBank> {
         static CACHE: OnceLock<Mutex<HashMap<ModelParams, Arc<TableBank>>>> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut guard = cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        guard
-            .entry(*params)
-            .or_insert_with(|| Arc::new(TableBank::build(params)))
-            .clone()
+        let mut guard = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard.entry(*params).or_insert_with(|| Arc::new(TableBank::build(params))).clone()
     }
 
     /// Builds every table. `params` must have passed `ModelParams::validate`.
@@ -112,8 +107,7 @@ impl TableBank {
             let mut freqs = Vec::with_capacity(n);
             for d in -radius..=radius {
                 let (a, b) = (d as f64 - 0.5, d as f64 + 0.5);
-                let mass = w_narrow * normal_mass(a / scale, b / scale)
-                    + w_wide * normal_mass(a / wide, b / wide);
+                let mass = w_narrow * normal_mass(a / scale, b / scale) + w_wide * normal_mass(a / wide, b / wide);
                 freqs.push((libm::floor(mass * total as f64 + 0.5) as u64).max(1));
             }
             let in_window: u64 = freqs.iter().sum();
@@ -125,11 +119,7 @@ impl TableBank {
             let centre = radius as usize;
             let mut k = 0usize;
             while excess != 0 {
-                let i = if k % 2 == 0 {
-                    centre + k / 2
-                } else {
-                    centre - k.div_ceil(2)
-                };
+                let i = if k % 2 == 0 { centre + k / 2 } else { centre - k.div_ceil(2) };
                 if excess < 0 {
                     freqs[i] += (-excess) as u64;
                     excess = 0;
@@ -162,10 +152,7 @@ impl TableBank {
         }
         bank.cdf_offsets.push(bank.cdfs.len());
         bank.metas = (0..bank.radii.len())
-            .map(|t| TableMeta {
-                radius: bank.radii[t],
-                cdf_start: bank.cdf_offsets[t] as u32,
-            })
+            .map(|t| TableMeta { radius: bank.radii[t], cdf_start: bank.cdf_offsets[t] as u32 })
             .collect();
         let mut h = Hasher::new();
         for r in &bank.radii {
@@ -202,11 +189,8 @@ impl TableBank {
         let meta = self.metas[index];
         let symbol = residual + meta.radius as i64;
         let escape = 2 * meta.radius as usize + 1;
-        let (s, escaped) = if symbol >= 0 && (symbol as usize) < escape {
-            (symbol as usize, false)
-        } else {
-            (escape, true)
-        };
+        let (s, escaped) =
+            if symbol >= 0 && (symbol as usize) < escape { (symbol as usize, false) } else { (escape, true) };
         let i = meta.cdf_start as usize + s;
         let lo = self.cdfs[i];
         (lo, self.cdfs[i + 1] - lo, escaped)
@@ -233,20 +217,12 @@ impl TableBank {
             }
         }
         let (cum, next) = (cdf[lo], cdf[lo + 1]);
-        (
-            lo as i64 - meta.radius as i64,
-            cum,
-            next - cum,
-            lo == escape,
-        )
+        (lo as i64 - meta.radius as i64, cum, next - cum, lo == escape)
     }
 
     #[inline(always)]
     pub fn table(&self, index: usize) -> Table<'_> {
-        Table {
-            radius: self.radii[index],
-            cdf: &self.cdfs[self.cdf_offsets[index]..self.cdf_offsets[index + 1]],
-        }
+        Table { radius: self.radii[index], cdf: &self.cdfs[self.cdf_offsets[index]..self.cdf_offsets[index + 1]] }
     }
 }
 
@@ -276,11 +252,7 @@ mod tests {
             // symmetric around zero and decreasing away from it
             let r = table.radius as usize;
             for k in 1..=r {
-                assert_eq!(
-                    table.interval(r + k).1,
-                    table.interval(r - k).1,
-                    "table {t} asymmetric at {k}"
-                );
+                assert_eq!(table.interval(r + k).1, table.interval(r - k).1, "table {t} asymmetric at {k}");
                 assert!(table.interval(r + k).1 <= table.interval(r + k - 1).1);
             }
         }
@@ -294,8 +266,7 @@ mod tests {
         let t = (3 * STEPS_PER_OCTAVE - params.min_scale_code()) as usize;
         let table = bank.table(t);
         let p0 = table.interval(table.radius as usize).1 as f64 / (1u64 << 24) as f64;
-        let expected =
-            0.95 * normal_mass(-0.5 / 8.0, 0.5 / 8.0) + 0.03 * normal_mass(-0.5 / 24.0, 0.5 / 24.0);
+        let expected = 0.95 * normal_mass(-0.5 / 8.0, 0.5 / 8.0) + 0.03 * normal_mass(-0.5 / 24.0, 0.5 / 24.0);
         assert!((p0 / expected - 1.0).abs() < 1e-5, "{p0} vs {expected}");
         let escape = table.interval(table.escape_symbol()).1 as f64 / (1u64 << 24) as f64;
         assert!((escape - 1311.0 / 65536.0).abs() < 5e-5, "escape {escape}");
@@ -305,12 +276,7 @@ mod tests {
     fn digest_is_pinned() {
         // A changed digest means every existing stream is refused: bump the format version.
         let bank = TableBank::build(&ModelParams::default());
-        assert_eq!(
-            bank.digest(),
-            PINNED_DIGEST,
-            "digest now {:#x}",
-            bank.digest()
-        );
+        assert_eq!(bank.digest(), PINNED_DIGEST, "digest now {:#x}", bank.digest());
     }
 
     const PINNED_DIGEST: u64 = 0xb920_f85a_fb4b_681d;

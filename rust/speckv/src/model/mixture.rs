@@ -1,0 +1,169 @@
+//! The value-space model: a fixed-point CDF of the Gaussian mixture on a fine grid of
+//! `z = (v - mu) / sigma`, read by linear interpolation in integers.
+//!
+//! A pattern `k` with interval `[a_k, a_{k+1})` gets, inside the window `[k_lo, k_hi]`,
+//!
+//! ```text
+//! cum(k)  = G(z(a_k)) + (k - k_lo)          freq(k) = cum(k + 1) - cum(k) >= 1
+//! ```
+//!
+//! where `G` rises from 0 to `G_MAX` over `z in [-W, W]`. The `+1` per pattern ("leak") keeps
+//! every pattern codable however narrow its interval (near zero a format packs thousands of
+//! patterns into a sliver of the real line). Everything else (NaNs, infinities, patterns outside
+//! the window) is the ESCAPE symbol, `[G_MAX + n, 2^24)`, at least `weight_escape` of the
+//! total since `G_MAX + n <= (1 - w_e) 2^24` for any window of `n <= 2^16` patterns.
+//!
+//! Determinism: `z` comes from two IEEE-754 operations (`(a - mu) * (1 / sigma)`, f64, no
+//! fused multiply-add), then a clamp and a floor: correctly rounded on every platform, so both
+//! sides get the same integers. The table itself is built once with a pure-Rust libm and
+//! covered by the stream's table digest. No transcendental function runs while coding.
+
+use super::params::ModelParams;
+use crate::format::checksum::Hasher;
+
+/// Grid steps per unit of z.
+const STEPS_PER_Z: f64 = 64.0;
+/// Fraction bits of the interpolation.
+const FRACTION_BITS: u32 = 16;
+/// Largest window, in patterns (every finite pattern of a 16-bit format fits).
+pub const MAX_WINDOW: u32 = 1 << 16;
+/// Bits of the coarse slot index the decoder starts its search from.
+const GUESS_BITS: u32 = 12;
+
+/// The fixed-point mixture CDF and its coarse inverse.
+#[derive(Debug)]
+pub struct MixtureCdf {
+    /// `G` at `z_i = -W + i / STEPS_PER_Z`, `i = 0..=N`, then one repeat of the last value.
+    nodes: Vec<u32>,
+    /// For slot `j` of `[0, G_MAX)` in `2^GUESS_BITS` slots: the last node at or below it.
+    inverse: Vec<u16>,
+    pub g_max: u32,
+    pub precision: u32,
+    /// Half-width `W` of the window in units of sigma.
+    pub half_width: f64,
+    digest: u64,
+}
+
+fn normal_cdf(z: f64) -> f64 {
+    0.5 * libm::erfc(-z * std::f64::consts::FRAC_1_SQRT_2)
+}
+
+impl MixtureCdf {
+    /// The CDF for `params`, built on first use and then shared.
+    pub fn shared(params: &ModelParams) -> std::sync::Arc<MixtureCdf> {
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex, OnceLock};
+        static CACHE: OnceLock<Mutex<HashMap<ModelParams, Arc<MixtureCdf>>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut guard = cache.lock().unwrap_or_else(|p| p.into_inner());
+        guard.entry(*params).or_insert_with(|| Arc::new(MixtureCdf::build(params))).clone()
+    }
+
+    pub fn build(params: &ModelParams) -> MixtureCdf {
+        let precision = params.table_precision as u32;
+        let total = 1u64 << precision;
+        let escape = (params.weight_escape as u64 * total) >> 16;
+        let g_max = (total - escape - MAX_WINDOW as u64) as u32;
+        let wide = params.wide_factor as f64;
+        let half_width = 8.0 * wide;
+        let (wn, ww) = (params.weight_narrow as f64, params.weight_wide as f64);
+        let mix = |z: f64| (wn * normal_cdf(z) + ww * normal_cdf(z / wide)) / (wn + ww);
+        let n = (2.0 * half_width * STEPS_PER_Z) as usize;
+        let (lo, hi) = (mix(-half_width), mix(half_width));
+        let mut nodes: Vec<u32> = (0..=n)
+            .map(|i| {
+                let z = -half_width + i as f64 / STEPS_PER_Z;
+                libm::floor((mix(z) - lo) / (hi - lo) * g_max as f64 + 0.5) as u32
+            })
+            .collect();
+        nodes[0] = 0;
+        nodes[n] = g_max;
+        nodes.push(g_max);
+        let mut inverse = Vec::with_capacity(1 << GUESS_BITS);
+        let mut i = 0usize;
+        for j in 0..1u64 << GUESS_BITS {
+            let target = (j * g_max as u64 >> GUESS_BITS) as u32;
+            while i + 1 < n && nodes[i + 1] <= target {
+                i += 1;
+            }
+            inverse.push(i as u16);
+        }
+        let mut h = Hasher::new();
+        for v in &nodes {
+            h.update(&v.to_le_bytes());
+        }
+        MixtureCdf { nodes, inverse, g_max, precision, half_width, digest: h.finish() }
+    }
+
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// `G(z)`: 0 below `-W`, `G_MAX` above `W`, interpolated between grid nodes.
+    #[inline(always)]
+    pub fn eval(&self, z: f64) -> u32 {
+        let last = (self.nodes.len() - 2) as f64;
+        // Position on the grid in fixed point (node index . 16 fraction bits); t >= 0, so the
+        // conversion is a floor, and t <= N < 2^12 keeps it far inside i64.
+        let t = ((z + self.half_width) * STEPS_PER_Z).clamp(0.0, last);
+        let fixed = (t * (1u32 << FRACTION_BITS) as f64) as i64;
+        let i = (fixed >> FRACTION_BITS) as usize;
+        let fraction = (fixed & ((1 << FRACTION_BITS) - 1)) as u64;
+        let (a, b) = (self.nodes[i], self.nodes[i + 1]);
+        a + (((b - a) as u64 * fraction) >> FRACTION_BITS) as u32
+    }
+
+    /// A `z` where `G(z)` is close to `q` (`q < G_MAX`): the start of the decoder's search.
+    #[inline(always)]
+    pub fn guess_z(&self, q: u32) -> f64 {
+        let slot = ((q as u64) << GUESS_BITS) / self.g_max as u64;
+        let mut i = self.inverse[(slot as usize).min(self.inverse.len() - 1)] as usize;
+        let n = self.nodes.len() - 2;
+        while i + 1 < n && self.nodes[i + 1] <= q {
+            i += 1;
+        }
+        let (a, b) = (self.nodes[i], self.nodes[i + 1]);
+        let fraction = if b > a { (q - a.min(q)) as f64 / (b - a) as f64 } else { 0.5 };
+        (i as f64 + fraction) / STEPS_PER_Z - self.half_width
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn g_rises_from_zero_to_g_max_and_matches_the_mixture() {
+        let params = ModelParams::default();
+        let g = MixtureCdf::build(&params);
+        assert_eq!(g.eval(-1e9), 0);
+        assert_eq!(g.eval(-g.half_width), 0);
+        assert_eq!(g.eval(g.half_width), g.g_max);
+        assert_eq!(g.eval(1e300), g.g_max);
+        let mut last = 0;
+        let mut z = -25.0;
+        while z < 25.0 {
+            let v = g.eval(z);
+            assert!(v >= last);
+            last = v;
+            z += 0.001;
+        }
+        let half = g.eval(0.0) as f64 / g.g_max as f64;
+        assert!((half - 0.5).abs() < 1e-6);
+        let one_sigma = g.eval(1.0) as f64 / g.g_max as f64;
+        let expected = (0.95 * normal_cdf(1.0) + 0.03 * normal_cdf(1.0 / 3.0)) / 0.98;
+        assert!((one_sigma - expected).abs() < 1e-5, "{one_sigma} {expected}");
+        let total = 1u64 << 24;
+        assert!(g.g_max as u64 + MAX_WINDOW as u64 <= total - (params.weight_escape as u64 * total >> 16));
+    }
+
+    #[test]
+    fn guess_inverts_eval() {
+        let g = MixtureCdf::build(&ModelParams::default());
+        for q in (0..g.g_max).step_by(9973) {
+            let z = g.guess_z(q);
+            let back = g.eval(z) as i64;
+            assert!((back - q as i64).abs() <= 2 + (g.g_max as i64 >> 14), "q {q} z {z} back {back}");
+        }
+    }
+}
