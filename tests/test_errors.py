@@ -174,6 +174,8 @@ def test_argument_errors_name_the_argument():
         speckv.encode(x, threads=0)
     with pytest.raises(TypeError, match="data"):
         speckv.decode(12345)
+    with pytest.raises(ValueError, match="model"):
+        speckv.encode(x, mu, sigma, model="turbo")
 
 
 def test_threads_from_environment(monkeypatch):
@@ -197,9 +199,12 @@ def test_golden_stream_freezes_format_v1():
     assert speckv.decode(bytes.fromhex(GOLDEN_HEX), mu, sigma).view(np.uint16).tolist() == x.view(np.uint16).tolist()
     free = speckv.encode(x)
     assert xxhash.xxh3_64_hexdigest(free) == GOLDEN_FREE, xxhash.xxh3_64_hexdigest(free)
+    fast = speckv.encode(x, mu, sigma, model="fast")
+    assert xxhash.xxh3_64_hexdigest(fast) == GOLDEN_FAST, xxhash.xxh3_64_hexdigest(fast)
 
 
 GOLDEN_PREDICTED = "00001cfe1cdbb654"
+GOLDEN_FAST = "a12a36dff262faa1"
 GOLDEN_FREE = "24348f2b5007fc7f"
 GOLDEN_HEX = (
     "53504b5601000100010200000000020008000000000000000200000000000000040000000000000018fc061833f3ae07"

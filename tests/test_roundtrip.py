@@ -24,22 +24,24 @@ def test_predictor_free_round_trip(name, data):
     assert speckv.info(stream)["shape"] == list(x.shape)
 
 
+@pytest.mark.parametrize("model", ["exact", "fast"])
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
-def test_predicted_round_trip_any_patterns(name, data):
+def test_predicted_round_trip_any_patterns(name, model, data):
     """x and mu are arbitrary (often far apart, NaN, inf): escapes must carry everything."""
     word = DTYPES[name][1]
     x_words = data.draw(bit_arrays(word))
     x = as_dtype(x_words, name)
     mu = as_dtype(data.draw(bit_arrays(word, shape=x.shape)), name)
     sigma = data.draw(st.sampled_from([1e-30, 1e-6, 0.01, 1.0, 1e4, 1e30]))
-    stream = speckv.encode(x, mu, sigma, threads=1)
+    stream = speckv.encode(x, mu, sigma, threads=1, model=model)
     assert same_bits(speckv.decode(stream, mu, sigma, threads=3), x)
 
 
+@pytest.mark.parametrize("model", ["exact", "fast"])
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
-def test_predicted_round_trip_near_prediction(name, data):
+def test_predicted_round_trip_near_prediction(name, model, data):
     """The common case: x close to mu, float32 mu, per-channel sigma spanning decades."""
     shape = data.draw(shapes.filter(lambda s: len(s) >= 1))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -48,8 +50,9 @@ def test_predicted_round_trip_near_prediction(name, data):
     mu = rng.standard_normal(shape).astype(np.float32) * data.draw(st.sampled_from([1e-3, 1.0, 300.0]))
     noise = rng.standard_normal(shape).astype(np.float32) * sigma
     x = (mu + noise).astype(DTYPES[name][0])
-    stream = speckv.encode(x, mu, sigma, threads=2)
+    stream = speckv.encode(x, mu, sigma, threads=2, model=model)
     assert same_bits(speckv.decode(stream, mu, sigma, threads=1), x)
+    assert speckv.info(stream)["model"] == ("fast" if name == "float32" else model)
 
 
 @given(data=st.data())
@@ -116,16 +119,25 @@ def test_sigma_broadcast_layouts_agree():
     assert same_bits(speckv.decode(a, mu, full), x)
 
 
-def test_ideal_bits_matches_coded_size():
+@pytest.mark.parametrize("model", ["exact", "fast"])
+def test_ideal_bits_matches_coded_size(model):
     rng = np.random.default_rng(4)
     mu = rng.standard_normal((512, 256)).astype(np.float32)
     sigma = np.logspace(-3, -1, 256).astype(np.float32)
     x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
-    stream = speckv.encode(x, mu, sigma)
-    ideal = speckv.ideal_bits(x, mu, sigma)
+    stream = speckv.encode(x, mu, sigma, model=model)
+    ideal = speckv.ideal_bits(x, mu, sigma, model=model)
     payload_bits = speckv.info(stream)["payload_bytes"] * 8
     assert ideal < payload_bits < ideal * 1.003
     assert speckv.ideal_bits(x) > ideal * 1.3  # the prediction is worth a lot here
+
+
+def test_exact_model_beats_fast_when_sigma_spans_binades():
+    rng = np.random.default_rng(5)
+    mu = rng.standard_normal((256, 128)).astype(np.float32) * 0.05
+    sigma = np.full(128, 0.05, np.float32)  # as wide as the values themselves
+    x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
+    assert speckv.ideal_bits(x, mu, sigma) < 0.97 * speckv.ideal_bits(x, mu, sigma, model="fast")
 
 
 def test_torch_in_torch_out():

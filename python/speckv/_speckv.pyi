@@ -26,6 +26,7 @@ def encode(
     threads: int = 1,
     chunk_scalars: int = ...,
     torch_hint: bool = False,
+    model: str = "exact",
 ) -> bytes: ...
 def ideal_bits(
     x: _Words,
@@ -36,6 +37,7 @@ def ideal_bits(
     sigma_strides: list[int] | None = None,
     threads: int = 1,
     chunk_scalars: int = ...,
+    model: str = "exact",
 ) -> float: ...
 def decode_into(
     data: npt.NDArray[np.uint8],

@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict};
 use speckv::codec::EncodeOptions;
 use speckv::format::Header;
 use speckv::model::ladder;
-use speckv::{Bits, BitsMut, DType, Error, Prediction, SigmaCodes};
+use speckv::{Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes};
 
 create_exception!(_speckv, SpeckvError, PyValueError, "Base class of every error speckv raises.");
 create_exception!(_speckv, CorruptStreamError, SpeckvError, "The bytes are not a valid speckv stream.");
@@ -91,12 +91,9 @@ impl<'py> PredictionArgs<'py> {
     ) -> PyResult<Option<Self>> {
         match (mu, sigma_codes, sigma_strides) {
             (None, None, None) => Ok(None),
-            (Some(mu), Some(codes), Some(strides)) => Ok(Some(PredictionArgs {
-                mu,
-                codes,
-                strides,
-                shape: shape.iter().map(|&d| d as usize).collect(),
-            })),
+            (Some(mu), Some(codes), Some(strides)) => {
+                Ok(Some(PredictionArgs { mu, codes, strides, shape: shape.iter().map(|&d| d as usize).collect() }))
+            }
             _ => Err(PyValueError::new_err("mu, sigma_codes and sigma_strides go together")),
         }
     }
@@ -109,13 +106,18 @@ impl<'py> PredictionArgs<'py> {
     }
 }
 
-fn options(threads: usize, chunk_scalars: u32) -> EncodeOptions {
-    EncodeOptions { threads, chunk_scalars, ..Default::default() }
+fn options(threads: usize, chunk_scalars: u32, model: &str) -> PyResult<EncodeOptions> {
+    let model = match model {
+        "exact" => ModelKind::Exact,
+        "fast" => ModelKind::Fast,
+        other => return Err(PyValueError::new_err(format!("model: expected 'exact' or 'fast', got {other:?}"))),
+    };
+    Ok(EncodeOptions { threads, chunk_scalars, model, ..Default::default() })
 }
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact"))]
 #[allow(clippy::too_many_arguments)]
 fn encode<'py>(
     py: Python<'py>,
@@ -128,13 +130,14 @@ fn encode<'py>(
     threads: usize,
     chunk_scalars: u32,
     torch_hint: bool,
+    model: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
     let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
     let x_bits = x.bits("x")?;
-    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars) };
+    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model)? };
     let stream =
         py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
@@ -142,7 +145,7 @@ fn encode<'py>(
 
 /// Ideal code length in bits under exactly the model `encode` uses.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact"))]
 #[allow(clippy::too_many_arguments)]
 fn ideal_bits<'py>(
     py: Python<'py>,
@@ -154,13 +157,14 @@ fn ideal_bits<'py>(
     sigma_strides: Option<Vec<usize>>,
     threads: usize,
     chunk_scalars: u32,
+    model: &str,
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
     let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
     let x_bits = x.bits("x")?;
-    let opts = options(threads, chunk_scalars);
+    let opts = options(threads, chunk_scalars, model)?;
     py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
 }
 
@@ -209,6 +213,17 @@ fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound
     d.set_item("shape", h.shape.clone())?;
     d.set_item("predicted", h.predicted())?;
     d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
+    let fast = h.flags & speckv::format::header::FLAG_FAST_MODEL != 0;
+    d.set_item(
+        "model",
+        if !h.predicted() {
+            "predictor-free"
+        } else if fast {
+            "fast"
+        } else {
+            "exact"
+        },
+    )?;
     d.set_item("n_scalars", h.n_scalars)?;
     d.set_item("chunk_scalars", h.chunk_scalars)?;
     d.set_item("chunks", h.chunks.len())?;

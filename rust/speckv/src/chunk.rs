@@ -34,12 +34,47 @@ use crate::DType;
 /// Independent coders per chunk.
 pub const LANES: usize = 2;
 
-/// The model a predicted stream of one dtype is coded with.
+/// Which model predicted scalars are coded with; the stream header records it.
+///
+/// * `Exact` (8/16-bit formats): the mixture integrated over each value's rounding interval
+///   around the float32 prediction; within 0.2% of the continuous ideal, whatever the ratio of
+///   sigma to the format's spacing. Choose it to store caches: it is the smallest.
+/// * `Fast`: residuals counted in ulps of the prediction rounded to the format, coded from
+///   81 precomputed tables; several times faster to decode, a few percent larger where sigma
+///   spans binades (values near zero, sigma comparable to the value). Choose it when decode
+///   speed matters more than the last few percent (e.g. a hot offload path). float32 always
+///   uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModelKind {
+    #[default]
+    Exact,
+    Fast,
+}
+
+impl ModelKind {
+    /// The model `dtype` is actually coded with when `self` is asked for.
+    pub fn for_dtype(self, dtype: DType) -> ModelKind {
+        if dtype.bits() > 16 {
+            ModelKind::Fast
+        } else {
+            self
+        }
+    }
+}
+
+/// The model a predicted stream is coded with, with its tables.
 pub enum PredictedModel {
-    /// 8- and 16-bit formats.
-    Value { cdf: Arc<MixtureCdf>, grid: Arc<ValueGrid>, sigmas: &'static SigmaTable },
-    /// float32.
-    Ordinal { bank: Arc<TableBank>, scales: ScaleMap },
+    Value {
+        cdf: Arc<MixtureCdf>,
+        grid: Arc<ValueGrid>,
+        sigmas: &'static SigmaTable,
+    },
+    /// `grid` is there to round the prediction to the format (absent for float32).
+    Ordinal {
+        bank: Arc<TableBank>,
+        scales: ScaleMap,
+        grid: Option<Arc<ValueGrid>>,
+    },
 }
 
 /// Everything fixed for a whole stream that coding a chunk needs.
@@ -60,15 +95,24 @@ struct Window {
 }
 
 impl StreamModel {
-    pub fn new(dtype: DType, params: ModelParams, raw_contexts: usize, context_period: usize) -> StreamModel {
-        let predicted = if dtype.bits() <= 16 {
-            PredictedModel::Value {
+    pub fn new(
+        dtype: DType,
+        params: ModelParams,
+        kind: ModelKind,
+        raw_contexts: usize,
+        context_period: usize,
+    ) -> StreamModel {
+        let predicted = match kind.for_dtype(dtype) {
+            ModelKind::Exact => PredictedModel::Value {
                 cdf: MixtureCdf::shared(&params),
                 grid: ValueGrid::shared(dtype),
                 sigmas: SigmaTable::shared(),
-            }
-        } else {
-            PredictedModel::Ordinal { bank: TableBank::shared(&params), scales: ScaleMap::new(dtype, &params) }
+            },
+            ModelKind::Fast => PredictedModel::Ordinal {
+                bank: TableBank::shared(&params),
+                scales: ScaleMap::new(dtype, &params),
+                grid: (dtype.bits() <= 16).then(|| ValueGrid::shared(dtype)),
+            },
         };
         StreamModel {
             dtype,
@@ -99,11 +143,14 @@ impl StreamModel {
                 };
                 for_pairs(x.len(), a, b, &mut escapes, one);
             }
-            PredictedModel::Ordinal { bank, scales } => {
+            PredictedModel::Ordinal { bank, scales, grid } => {
                 let precision = self.params.table_precision as u32;
-                let one = |sink: &mut S, esc: &mut RawPatternModel, i: usize| {
-                    let choice = scales.choose_packed(codes[i], mu[i].to_bits());
-                    encode_ordinal(bank, precision, sink, esc, x[i], W::from_u32(mu[i].to_bits()), choice)
+                let one = |sink: &mut S, esc: &mut RawPatternModel, i: usize| match rounded(grid, mu[i]) {
+                    Some(m) => {
+                        let choice = scales.choose_packed(codes[i], m);
+                        encode_ordinal(bank, precision, sink, esc, x[i], W::from_u32(m), choice)
+                    }
+                    None => esc.encode(sink, x[i].to_u32()),
                 };
                 for_pairs(x.len(), a, b, &mut escapes, one);
             }
@@ -127,11 +174,13 @@ impl StreamModel {
                 };
                 for_pairs_dec(out, a, b, &mut escapes, one);
             }
-            PredictedModel::Ordinal { bank, scales } => {
+            PredictedModel::Ordinal { bank, scales, grid } => {
                 let precision = self.params.table_precision as u32;
-                let one = |dec: &mut RangeDecoder, esc: &mut RawPatternModel, i: usize| {
-                    let choice = scales.choose_packed(codes[i], mu[i].to_bits());
-                    decode_ordinal(bank, precision, dec, esc, W::from_u32(mu[i].to_bits()), choice)
+                let one = |dec: &mut RangeDecoder, esc: &mut RawPatternModel, i: usize| match rounded(grid, mu[i]) {
+                    Some(m) => {
+                        decode_ordinal(bank, precision, dec, esc, W::from_u32(m), scales.choose_packed(codes[i], m))
+                    }
+                    None => W::from_u32(esc.decode(dec)),
                 };
                 for_pairs_dec(out, a, b, &mut escapes, one);
             }
@@ -161,6 +210,19 @@ impl StreamModel {
             *slot = W::from_u32(models[self.context(start + i)].decode(&mut lanes[i % LANES]));
         }
     }
+}
+
+/// The fast model's prediction: `mu` rounded to the format's pattern (float32: its own bits).
+/// A non-finite `mu` predicts nothing.
+#[inline(always)]
+fn rounded(grid: &Option<Arc<ValueGrid>>, mu: f32) -> Option<u32> {
+    if !mu.is_finite() {
+        return None;
+    }
+    Some(match grid {
+        Some(g) => g.nearest_pattern(mu as f64),
+        None => mu.to_bits(),
+    })
 }
 
 /// Runs `one(lane, escapes, i)` for every scalar, alternating lanes, in scalar order.
@@ -274,8 +336,8 @@ fn decode_value<W: Word>(
     // then bisect, remembering cum at both ends of the bracket. cum(first) may exceed q and
     // cum(last + 1) may not, but only in a corrupt stream; the search then stops at an end.
     let (mut below, mut above);
-    let (mut c_below, mut c_above) = (cum(k), 0);
-    below = k;
+    let (mut c_below, mut c_above);
+    (below, c_below) = (k, cum(k));
     if c_below <= q {
         let mut step = 1i64;
         loop {
@@ -362,4 +424,3 @@ fn decode_ordinal<W: Word>(
 pub(crate) fn unclean_end(chunk: usize) -> Error {
     Error::Corrupt(format!("chunk {chunk}: coded data does not end where its scalars do"))
 }
-

@@ -1,11 +1,11 @@
 //! The whole-tensor API: encode, decode, ideal code length, stream info.
 
-use crate::chunk::{unclean_end, StreamModel, LANES};
+use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder};
 use crate::error::{invalid, Error, Result};
 use crate::format::checksum::{checksum, Hasher};
 use crate::format::header::{
-    chunk_count, ChunkEntry, Header, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
+    chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
@@ -27,6 +27,8 @@ pub struct EncodeOptions {
     pub params: ModelParams,
     /// Sets `FLAG_TORCH_HINT` (a note for bindings; it changes nothing else).
     pub torch_hint: bool,
+    /// The model predicted scalars are coded with.
+    pub model: ModelKind,
 }
 
 impl Default for EncodeOptions {
@@ -36,6 +38,7 @@ impl Default for EncodeOptions {
             chunk_scalars: DEFAULT_CHUNK_SCALARS,
             params: ModelParams::default(),
             torch_hint: false,
+            model: ModelKind::Exact,
         }
     }
 }
@@ -62,10 +65,10 @@ fn check_prediction(shape: &[u64], n: usize, prediction: &Prediction) -> Result<
 }
 
 /// Layout facts shared by encode and ideal_bits.
-fn stream_model(dtype: DType, shape: &[u64], params: ModelParams) -> Result<StreamModel> {
+fn stream_model(dtype: DType, shape: &[u64], params: ModelParams, kind: ModelKind) -> Result<StreamModel> {
     params.validate().map_err(|e| Error::InvalidArgument(e.to_string()))?;
     let period = shape.last().copied().unwrap_or(1).max(1) as usize;
-    Ok(StreamModel::new(dtype, params, period.min(DEFAULT_RAW_CONTEXTS), period))
+    Ok(StreamModel::new(dtype, params, kind, period.min(DEFAULT_RAW_CONTEXTS), period))
 }
 
 /// Dispatches on the word width, binding `$x` to `&[u8]`, `&[u16]` or `&[u32]`.
@@ -123,7 +126,7 @@ pub fn encode(
     if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
         return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
     }
-    let model = stream_model(dtype, shape, options.params)?;
+    let model = stream_model(dtype, shape, options.params, options.model)?;
     let chunk = options.chunk_scalars as usize;
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
     let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, |x| {
@@ -149,7 +152,12 @@ pub fn encode(
     });
     let mut header = Header {
         flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
-            | if options.torch_hint { FLAG_TORCH_HINT } else { 0 },
+            | if options.torch_hint { FLAG_TORCH_HINT } else { 0 }
+            | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast {
+                FLAG_FAST_MODEL
+            } else {
+                0
+            },
         dtype,
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,
@@ -192,7 +200,7 @@ pub fn ideal_bits(
     if let Some(p) = prediction {
         check_prediction(shape, n, p)?;
     }
-    let model = stream_model(dtype, shape, options.params)?;
+    let model = stream_model(dtype, shape, options.params, options.model)?;
     let chunk = options.chunk_scalars.clamp(1, MAX_CHUNK_SCALARS) as usize;
     let n_chunks = n.div_ceil(chunk);
     let per_chunk: Vec<f64> = with_words!(x, |x| {
@@ -288,8 +296,14 @@ pub fn decode_into(stream: &[u8], out: BitsMut, prediction: Option<&Prediction>,
         (_, Some(p)) => check_prediction(&header.shape, n, p)?,
         _ => {}
     }
-    let model =
-        StreamModel::new(header.dtype, header.params, header.raw_contexts as usize, header.context_period as usize);
+    let kind = if header.flags & FLAG_FAST_MODEL != 0 { ModelKind::Fast } else { ModelKind::Exact };
+    let model = StreamModel::new(
+        header.dtype,
+        header.params,
+        kind,
+        header.raw_contexts as usize,
+        header.context_period as usize,
+    );
     if header.predicted() {
         if model.table_digest() != header.table_digest {
             return Err(Error::Unsupported(

@@ -20,6 +20,7 @@ pub mod parallel;
 pub mod prediction;
 pub mod words;
 
+pub use chunk::ModelKind;
 pub use codec::{decode_into, encode, ideal_bits, info, EncodeOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -2,7 +2,7 @@
 
 use speckv::codec::EncodeOptions;
 use speckv::model::ladder::sigma_code;
-use speckv::{decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, Prediction, SigmaCodes};
+use speckv::{decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes};
 
 struct Rng(u64);
 impl Rng {
@@ -49,12 +49,18 @@ fn kv_like(rows: usize, channels: usize, seed: u64) -> (Vec<u16>, Vec<f32>, Vec<
 
 #[test]
 fn predicted_bf16_round_trips_identically_on_any_thread_count() {
+    for model in [ModelKind::Exact, ModelKind::Fast] {
+        predicted_bf16_round_trip(model);
+    }
+}
+
+fn predicted_bf16_round_trip(model: ModelKind) {
     let (rows, ch) = (3000, 64);
     let (x, mu, codes) = kv_like(rows, ch, 1);
     let shape = [rows as u64, ch as u64];
     let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
     let pred = Prediction { mu: &mu, sigma };
-    let mut opts = EncodeOptions { chunk_scalars: 20_000, ..Default::default() };
+    let mut opts = EncodeOptions { chunk_scalars: 20_000, model, ..Default::default() };
     let one = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
     opts.threads = 3;
     let three = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
@@ -107,18 +113,24 @@ fn predictor_free_round_trips_every_dtype() {
     }
 }
 
-fn small_stream() -> (Vec<u8>, Vec<u16>, Vec<f32>, Vec<i16>) {
+fn small_stream(model: ModelKind) -> (Vec<u8>, Vec<u16>, Vec<f32>, Vec<i16>) {
     let (x, mu, codes) = kv_like(20, 16, 5);
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
     let pred = Prediction { mu: &mu, sigma };
-    let opts = EncodeOptions { chunk_scalars: 100, ..Default::default() };
+    let opts = EncodeOptions { chunk_scalars: 100, model, ..Default::default() };
     let s = encode(Bits::U16(&x), DType::BFloat16, &[20, 16], Some(&pred), &opts).unwrap();
     (s, x, mu, codes)
 }
 
 #[test]
 fn every_bit_flip_and_truncation_is_reported() {
-    let (stream, x, mu, codes) = small_stream();
+    let (stream, x, mu, codes) = small_stream(ModelKind::Exact);
+    flips_and_truncations(stream, x, mu, codes);
+    let (stream, x, mu, codes) = small_stream(ModelKind::Fast);
+    flips_and_truncations(stream, x, mu, codes);
+}
+
+fn flips_and_truncations(stream: Vec<u8>, x: Vec<u16>, mu: Vec<f32>, codes: Vec<i16>) {
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
     let pred = Prediction { mu: &mu, sigma };
     let mut out = vec![0u16; x.len()];
@@ -145,7 +157,7 @@ fn every_bit_flip_and_truncation_is_reported() {
 
 #[test]
 fn perturbed_prediction_is_a_mismatch() {
-    let (stream, x, mut mu, codes) = small_stream();
+    let (stream, x, mut mu, codes) = small_stream(ModelKind::Exact);
     mu[77] += 0.25;
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
     let pred = Prediction { mu: &mu, sigma };
@@ -155,4 +167,3 @@ fn perturbed_prediction_is_a_mismatch() {
     let err = decode_into(&stream, BitsMut::U16(&mut out), None, 1).unwrap_err();
     assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
 }
-

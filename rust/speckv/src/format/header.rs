@@ -4,7 +4,7 @@
 //! offset  size        field
 //! 0       4           magic "SPKV"
 //! 4       2           format version (1)
-//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT; other bits must be 0)
+//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
 //! 10      2           reserved, 0
@@ -37,7 +37,10 @@ pub const FORMAT_VERSION: u16 = 1;
 pub const FLAG_PREDICTED: u16 = 1 << 0;
 /// The encoder's caller held a torch tensor: bindings hand back one. Decoding ignores it.
 pub const FLAG_TORCH_HINT: u16 = 1 << 1;
-const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT;
+/// Predicted scalars use the ordinal-residual tables (`ModelKind::Fast`); float32 streams
+/// always do. Without it, 8/16-bit formats use the value-space mixture (`ModelKind::Exact`).
+pub const FLAG_FAST_MODEL: u16 = 1 << 2;
+const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL;
 
 const FIXED_LEN: usize = 24;
 const MODEL_PARAMS_LEN: usize = 16;
@@ -257,6 +260,9 @@ impl Header {
             return corrupt("truncated: the chunk index runs past the end");
         }
         let dtype = DType::from_code(dtype_code)?;
+        if flags & FLAG_PREDICTED != 0 && dtype.bits() > 16 && flags & FLAG_FAST_MODEL == 0 {
+            return corrupt("float32 streams are coded with the fast model, but the flag is missing");
+        }
         let mut chunks = Vec::with_capacity(n_chunks as usize);
         for _ in 0..n_chunks {
             let offset = r.u64()?;

@@ -81,6 +81,25 @@ impl ValueGrid {
         self.lower_edge[i] as f64
     }
 
+    /// The pattern whose rounding interval holds finite `v` (saturating at the largest
+    /// finite values; ties go up). Deterministic integer and comparison work only.
+    #[inline(always)]
+    pub fn nearest_pattern(&self, v: f64) -> u32 {
+        let k = self.ordinal_toward_zero(v);
+        let k = if v.is_sign_positive() {
+            if k < self.max_ordinal && v >= self.lower_edge(k + 1) {
+                k + 1
+            } else {
+                k
+            }
+        } else if k > self.min_ordinal && v < self.lower_edge(k) {
+            k - 1
+        } else {
+            k
+        };
+        self.dtype.from_ordinal(k)
+    }
+
     /// An ordinal near `v`: the pattern whose magnitude is `|v|` truncated to the format (toward
     /// zero), clamped to the finite range. Monotone in `v`, deterministic, integer work on the
     /// bits of `v` only.
@@ -143,6 +162,24 @@ mod tests {
         assert_eq!(ValueGrid::build(DType::Float8E4M3Fn).max_ordinal, 0x7E);
         assert_eq!(ValueGrid::build(DType::Float8E5M2).max_ordinal, 0x7B);
         assert_eq!(ValueGrid::build(DType::Float16).max_ordinal, 0x7BFF);
+    }
+
+    #[test]
+    fn nearest_pattern_matches_round_to_nearest() {
+        let g = ValueGrid::build(DType::BFloat16);
+        let mut v = 1e-38f32;
+        while v < 1e38 {
+            for x in [v, -v, v * 1.003, -v * 0.997] {
+                let bits = x.to_bits();
+                let rne = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u32;
+                let got = g.nearest_pattern(x as f64);
+                // ties may differ from round-half-even; nothing else may
+                assert!(got == rne || (got as i64 - rne as i64).abs() == 1 && bits & 0xFFFF == 0x8000, "{x}");
+            }
+            v *= 1.37;
+        }
+        assert_eq!(g.nearest_pattern(0.0), 0);
+        assert_eq!(g.nearest_pattern(-0.0), 0x8000);
     }
 
     #[test]
