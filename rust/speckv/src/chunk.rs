@@ -331,7 +331,7 @@ fn decode_value<W: Word>(
     let cum = |k: i64| value_cum(cdf, grid, w, mu, inv_sigma, k);
     let (first, last) = (w.lo, w.lo + w.n as i64 - 1);
     // Start where the mixture alone puts q (the leak term rarely moves the answer far).
-    let k = grid.ordinal_toward_zero(mu + cdf.guess_z(q.min(cdf.g_max - 1)) * sigma).clamp(first, last);
+    let k = grid.nearest_ordinal(mu + cdf.guess_z(q.min(cdf.g_max - 1)) * sigma).clamp(first, last);
     // Find the k with cum(k) <= q < cum(k + 1): gallop away from the guess to bracket it,
     // then bisect, remembering cum at both ends of the bracket. cum(first) may exceed q and
     // cum(last + 1) may not, but only in a corrupt stream; the search then stops at an end.

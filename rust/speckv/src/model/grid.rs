@@ -85,8 +85,14 @@ impl ValueGrid {
     /// finite values; ties go up). Deterministic integer and comparison work only.
     #[inline(always)]
     pub fn nearest_pattern(&self, v: f64) -> u32 {
+        self.dtype.from_ordinal(self.nearest_ordinal(v))
+    }
+
+    /// Ordinal of `nearest_pattern`.
+    #[inline(always)]
+    pub fn nearest_ordinal(&self, v: f64) -> i64 {
         let k = self.ordinal_toward_zero(v);
-        let k = if v.is_sign_positive() {
+        if v.is_sign_positive() {
             if k < self.max_ordinal && v >= self.lower_edge(k + 1) {
                 k + 1
             } else {
@@ -96,8 +102,7 @@ impl ValueGrid {
             k - 1
         } else {
             k
-        };
-        self.dtype.from_ordinal(k)
+        }
     }
 
     /// An ordinal near `v`: the pattern whose magnitude is `|v|` truncated to the format (toward

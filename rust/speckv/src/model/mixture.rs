@@ -37,10 +37,15 @@ pub struct MixtureCdf {
     nodes: Vec<u32>,
     /// For slot `j` of `[0, G_MAX)` in `2^GUESS_BITS` slots: the last node at or below it.
     inverse: Vec<u16>,
+    /// `1 / (G_{i+1} - G_i)` per node (0 where flat), to interpolate the guess.
+    reciprocal_rise: Vec<f32>,
     pub g_max: u32,
     pub precision: u32,
     /// Half-width `W` of the window in units of sigma.
     pub half_width: f64,
+    /// `floor(2^(32 + GUESS_BITS) / G_MAX)`: the slot of `q` is `(q * this) >> 32`, rounded
+    /// down, without a division.
+    slot_multiplier: u64,
     digest: u64,
 }
 
@@ -92,7 +97,19 @@ impl MixtureCdf {
         for v in &nodes {
             h.update(&v.to_le_bytes());
         }
-        MixtureCdf { nodes, inverse, g_max, precision, half_width, digest: h.finish() }
+        let slot_multiplier = (1u64 << (32 + GUESS_BITS)) / g_max as u64;
+        let reciprocal_rise =
+            nodes.windows(2).map(|w| if w[1] > w[0] { 1.0 / (w[1] - w[0]) as f32 } else { 0.0 }).collect();
+        MixtureCdf {
+            nodes,
+            inverse,
+            reciprocal_rise,
+            g_max,
+            precision,
+            half_width,
+            slot_multiplier,
+            digest: h.finish(),
+        }
     }
 
     pub fn digest(&self) -> u64 {
@@ -116,15 +133,22 @@ impl MixtureCdf {
     /// A `z` where `G(z)` is close to `q` (`q < G_MAX`): the start of the decoder's search.
     #[inline(always)]
     pub fn guess_z(&self, q: u32) -> f64 {
-        let slot = ((q as u64) << GUESS_BITS) / self.g_max as u64;
-        let mut i = self.inverse[(slot as usize).min(self.inverse.len() - 1)] as usize;
-        let n = self.nodes.len() - 2;
-        while i + 1 < n && self.nodes[i + 1] <= q {
-            i += 1;
+        let slot = ((q as u64 * self.slot_multiplier) >> 32) as usize;
+        let last_slot = self.inverse.len() - 1;
+        // The node is between this slot's entry and the next one's: bisect (the tails pack
+        // hundreds of nearly flat nodes into one slot).
+        let mut lo = self.inverse[slot.min(last_slot)] as usize;
+        let mut hi = if slot < last_slot { self.inverse[slot + 1] as usize } else { self.nodes.len() - 3 };
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.nodes[mid] <= q {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
         }
-        let (a, b) = (self.nodes[i], self.nodes[i + 1]);
-        let fraction = if b > a { (q - a.min(q)) as f64 / (b - a) as f64 } else { 0.5 };
-        (i as f64 + fraction) / STEPS_PER_Z - self.half_width
+        let fraction = (q.saturating_sub(self.nodes[lo]) as f32 * self.reciprocal_rise[lo]).min(1.0);
+        (lo as f64 + fraction as f64) * (1.0 / STEPS_PER_Z) - self.half_width
     }
 }
 
