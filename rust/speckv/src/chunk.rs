@@ -212,16 +212,19 @@ impl StreamModel {
     }
 }
 
-/// The fast model's prediction: `mu` rounded to the format's pattern (float32: its own bits).
-/// A non-finite `mu` predicts nothing.
+/// The fast model's prediction: `mu` rounded to the format's pattern (float32: its own bits;
+/// bfloat16: round-half-even on the bits, the common case made cheap; others: the grid's
+/// nearest pattern). A non-finite `mu` predicts nothing.
 #[inline(always)]
 fn rounded(grid: &Option<Arc<ValueGrid>>, mu: f32) -> Option<u32> {
     if !mu.is_finite() {
         return None;
     }
+    let bits = mu.to_bits();
     Some(match grid {
+        Some(g) if g.dtype() == DType::BFloat16 => (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16,
         Some(g) => g.nearest_pattern(mu as f64),
-        None => mu.to_bits(),
+        None => bits,
     })
 }
 

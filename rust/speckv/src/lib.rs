@@ -9,6 +9,11 @@
 //! models in [`model`], the byte layout in [`format::header`], per-chunk coding in [`chunk`],
 //! threading in [`parallel`].
 
+// Streams and fingerprints are defined little-endian, and the fingerprint hashes numbers in
+// memory order; a big-endian port must byte-swap there first.
+#[cfg(not(target_endian = "little"))]
+compile_error!("speckv supports little-endian targets only");
+
 pub mod chunk;
 pub mod codec;
 pub mod coder;

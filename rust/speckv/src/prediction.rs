@@ -8,7 +8,6 @@
 use crate::error::{invalid, Result};
 use crate::format::checksum::Hasher;
 use crate::model::ladder::TableChoice;
-use crate::words::Word;
 
 /// Most dimensions a tensor may have.
 pub const MAX_NDIM: usize = 8;
@@ -186,20 +185,25 @@ pub(crate) fn codes_and_fingerprint(mu: &[f32], sigma: &SigmaCodes, start: usize
     codes.resize(mu.len(), 0);
     sigma.cursor(start).fill(codes);
     let mut hasher = Hasher::new();
-    for m in mu.chunks(4096) {
-        let bits: Vec<u32> = m.iter().map(|v| v.to_bits()).collect();
-        hasher.update(u32::as_bytes(&bits));
-    }
-    hasher.update(i16_bytes(codes));
+    hasher.update(plain_bytes(mu));
+    hasher.update(plain_bytes(codes));
     hasher.finish()
 }
 
-fn i16_bytes(codes: &[i16]) -> &[u8] {
+/// Number types whose every byte is initialised and which have no padding.
+trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for i16 {}
+
+/// The bytes of a slice of plain numbers in memory order, which is little-endian: the crate
+/// refuses to build for big-endian targets (see `lib.rs`), so fingerprints agree across
+/// machines.
+fn plain_bytes<T: Plain>(values: &[T]) -> &[u8] {
     // SAFETY:
-    // - `codes` is a valid `[i16]`: every byte is initialised, and `i16` has no padding;
+    // - `values` is a valid slice of `T: Plain`: every byte is initialised, with no padding;
     // - `u8` has alignment 1 and the byte length is the slice's own size;
-    // - the result borrows `codes`, so it cannot outlive it.
-    unsafe { std::slice::from_raw_parts(codes.as_ptr() as *const u8, std::mem::size_of_val(codes)) }
+    // - the result borrows `values`, so it cannot outlive it.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
 
 #[cfg(test)]

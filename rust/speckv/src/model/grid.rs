@@ -73,6 +73,10 @@ impl ValueGrid {
         ValueGrid { dtype, lower_edge, min_ordinal, max_ordinal, max_magnitude }
     }
 
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Lower edge of the interval of finite ordinal `k`; `k = max_ordinal + 1` gives the upper
     /// edge of the largest value. Out-of-range `k` is clamped.
     #[inline(always)]
@@ -176,7 +180,7 @@ mod tests {
         while v < 1e38 {
             for x in [v, -v, v * 1.003, -v * 0.997] {
                 let bits = x.to_bits();
-                let rne = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u32;
+                let rne = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
                 let got = g.nearest_pattern(x as f64);
                 // ties may differ from round-half-even; nothing else may
                 assert!(got == rne || (got as i64 - rne as i64).abs() == 1 && bits & 0xFFFF == 0x8000, "{x}");

@@ -87,7 +87,7 @@ impl MixtureCdf {
         let mut inverse = Vec::with_capacity(1 << GUESS_BITS);
         let mut i = 0usize;
         for j in 0..1u64 << GUESS_BITS {
-            let target = (j * g_max as u64 >> GUESS_BITS) as u32;
+            let target = ((j * g_max as u64) >> GUESS_BITS) as u32;
             while i + 1 < n && nodes[i + 1] <= target {
                 i += 1;
             }
@@ -178,7 +178,7 @@ mod tests {
         let expected = (0.95 * normal_cdf(1.0) + 0.03 * normal_cdf(1.0 / 3.0)) / 0.98;
         assert!((one_sigma - expected).abs() < 1e-5, "{one_sigma} {expected}");
         let total = 1u64 << 24;
-        assert!(g.g_max as u64 + MAX_WINDOW as u64 <= total - (params.weight_escape as u64 * total >> 16));
+        assert!(g.g_max as u64 + MAX_WINDOW as u64 <= total - ((params.weight_escape as u64 * total) >> 16));
     }
 
     #[test]
