@@ -1,0 +1,36 @@
+"""Speculative coding of Hugging Face KV caches (extra ``hf``: torch, transformers).
+
+A cheap predictor (by default an fp8-quantised copy of the model) predicts the cache of a
+prompt; the true cache is coded against that prediction with per-channel sigmas measured on
+calibration text, and decoded back bit for bit by running the same predictor.
+
+>>> from speckv.hf import SpeculativeCodec, load_demo_model          # doctest: +SKIP
+>>> model, tokenizer = load_demo_model()                              # doctest: +SKIP
+>>> codec = SpeculativeCodec(model)                                   # doctest: +SKIP
+>>> codec.calibrate(tokenizer, bundled_text("calibration"))           # doctest: +SKIP
+>>> data = codec.compress(cache, input_ids, dtype="bf16")             # doctest: +SKIP
+>>> cache2 = codec.decompress(data, input_ids)                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .cache import build_cache, extract_kv
+from .calibration import Calibration, model_fingerprint
+from .codec import SpeculativeCodec
+from .demo import bundled_text, demo_gguf_path, load_demo_model, load_model
+from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor
+
+__all__ = [
+    "Calibration",
+    "ChannelStatsPredictor",
+    "Fp8Predictor",
+    "Predictor",
+    "SpeculativeCodec",
+    "build_cache",
+    "bundled_text",
+    "demo_gguf_path",
+    "extract_kv",
+    "load_demo_model",
+    "load_model",
+    "model_fingerprint",
+]

@@ -1,0 +1,45 @@
+"""Getting per-layer keys and values out of a transformers cache, and building one back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def extract_kv(cache: Any) -> KV:
+    """Per-layer ``(keys, values)``, each ``[batch, kv_heads, seq, head_dim]`` (keys after RoPE).
+
+    Reads ``cache.layers[i].keys/values`` (recent transformers), falls back to the older
+    ``key_cache``/``value_cache`` lists and to the legacy tuple-of-tuples format.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    if hasattr(cache, "key_cache"):
+        return list(zip(cache.key_cache, cache.value_cache))
+    if isinstance(cache, (list, tuple)) and all(len(item) == 2 for item in cache):
+        return [(k, v) for k, v in cache]
+    raise TypeError(f"cache: cannot read keys and values from a {type(cache).__name__}")
+
+
+def build_cache(kv: KV, config: Any = None) -> Any:
+    """A ``DynamicCache`` holding exactly these tensors (no copy, no cast)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    return cache
+
+
+def prefill(model: Any, input_ids: torch.Tensor) -> KV:
+    """Runs the prompt through ``model`` and returns its cache as per-layer ``(K, V)``."""
+    with torch.no_grad():
+        out = model(input_ids=input_ids, use_cache=True)
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = out.past_key_values
+    return [(k.detach(), v.detach()) for k, v in extract_kv(cache)]

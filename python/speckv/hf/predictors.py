@@ -1,0 +1,128 @@
+"""Predictors: anything that maps a prompt to a predicted cache of the same shape.
+
+Predictions must be bit-identical when the decoder recomputes them. On one machine that holds
+for the built-in predictors whatever torch's thread count, because they run their forward pass
+with a fixed number of threads (``threads``, default 1): CPU kernels may split reductions
+differently with more threads, which changes the last bits. Across machines the same torch
+version, dtype and CPU instruction set are needed; the stream's prediction fingerprint refuses
+to decode (``PredictionMismatchError``) when they differ instead of returning wrong values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .cache import KV, prefill
+
+FP8_MAX = 448.0
+
+
+@runtime_checkable
+class Predictor(Protocol):
+    """Predicts the per-layer ``(K, V)`` of a prompt, shaped like the true cache."""
+
+    def predict(self, input_ids: torch.Tensor) -> KV: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Settings that determine the predictions (recorded in calibrations and streams)."""
+        ...
+
+
+@contextlib.contextmanager
+def fixed_threads(n: int) -> Iterator[None]:
+    """Run torch on exactly ``n`` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def fp8_round_trip(weight: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+    """``weight`` stored as float8_e4m3fn with an absmax scale (per tensor, or per
+    ``block_size x block_size`` block as in public FP8 checkpoints), read back as float32."""
+    w = weight.detach().float()
+    if block_size is None:
+        scale = w.abs().amax().clamp(min=1e-12) / FP8_MAX
+        return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
+    rows, cols = w.shape
+    pr, pc = (-rows) % block_size, (-cols) % block_size
+    padded = torch.nn.functional.pad(w, (0, pc, 0, pr))
+    blocks = padded.reshape(padded.shape[0] // block_size, block_size, padded.shape[1] // block_size, block_size)
+    scale = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-12) / FP8_MAX
+    q = (blocks / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
+    return q.reshape(padded.shape)[:rows, :cols].contiguous()
+
+
+def _decoder_layers(model: Any) -> Any:
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__}: no decoder layers found at model.model.layers")
+    return layers
+
+
+class Fp8Predictor:
+    """The same model with every decoder linear weight round-tripped through float8_e4m3fn,
+    run in float32 (so its predictions keep more precision than the bf16 cache they predict).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        block_size: int | None = None,
+        threads: int = 1,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.block_size = block_size
+        self.threads = threads
+        self.dtype = dtype
+        self.model = copy.deepcopy(model).to(dtype).eval()
+        with torch.no_grad():
+            for module in _decoder_layers(self.model).modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.copy_(fp8_round_trip(module.weight, block_size).to(dtype))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": "fp8",
+            "weights": "float8_e4m3fn",
+            "scale": "per-tensor absmax" if self.block_size is None else f"{self.block_size}x{self.block_size} blocks",
+            "compute_dtype": str(self.dtype).replace("torch.", ""),
+            "threads": self.threads,
+            "torch": torch.__version__,
+        }
+
+    @torch.no_grad()
+    def predict(self, input_ids: torch.Tensor) -> KV:
+        with fixed_threads(self.threads):
+            kv = prefill(self.model, input_ids)
+        return [(k.float(), v.float()) for k, v in kv]
+
+
+class ChannelStatsPredictor:
+    """No model: predicts every position as the per-(layer, K/V, head, channel) mean seen in
+    calibration. The cheap baseline."""
+
+    def __init__(self, means: torch.Tensor) -> None:
+        if means.ndim != 4 or means.shape[1] != 2:
+            raise ValueError("means: expected shape [layers, 2, kv_heads, head_dim]")
+        self.means = means.float()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "channel-stats"}
+
+    def predict(self, input_ids: torch.Tensor) -> KV:
+        batch, seq = input_ids.shape
+        out = []
+        for layer in self.means:
+            k, v = (m[None, :, None, :].expand(batch, -1, seq, -1).contiguous() for m in layer)
+            out.append((k, v))
+        return out
