@@ -91,7 +91,8 @@ def continuous_ideals(x, mu, sigma):
     lo, hi, m, s = lo[finite], hi[finite], m[finite], s[finite]
     narrow = interval_mass((lo - m) / s, (hi - m) / s)
     wide = interval_mass((lo - m) / (3 * s), (hi - m) / (3 * s))
-    mixture = 0.95 * narrow + 0.03 * wide + 0.02 * 2.0**-16
+    wn, ww, we = (w / 65536 for w in speckv._speckv.DEFAULT_WEIGHTS)
+    mixture = wn * narrow + ww * wide + we * 2.0**-16
     single = np.maximum(narrow, 2.0**-24)
     return float(-np.log2(mixture).sum()), float(-np.log2(single).sum())
 

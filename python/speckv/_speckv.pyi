@@ -7,6 +7,7 @@ import numpy.typing as npt
 
 FORMAT_VERSION: int
 DEFAULT_CHUNK_SCALARS: int
+DEFAULT_WEIGHTS: tuple[int, int, int]
 
 class SpeckvError(ValueError): ...
 class CorruptStreamError(SpeckvError): ...
@@ -27,6 +28,7 @@ def encode(
     chunk_scalars: int = ...,
     torch_hint: bool = False,
     model: str = "exact",
+    weights: tuple[int, int, int] | None = None,
 ) -> bytes: ...
 def ideal_bits(
     x: _Words,
@@ -38,6 +40,7 @@ def ideal_bits(
     threads: int = 1,
     chunk_scalars: int = ...,
     model: str = "exact",
+    weights: tuple[int, int, int] | None = None,
 ) -> float: ...
 def decode_into(
     data: npt.NDArray[np.uint8],

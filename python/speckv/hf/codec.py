@@ -127,13 +127,28 @@ class SpeculativeCodec:
         """Compresses ``cache`` (the model's cache of ``input_ids``) stored as ``dtype``:
         ``"bf16"``, ``"fp16"``, or ``"fp8"`` (e4m3 with one fp32 scale per layer and K/V, as
         vLLM stores it). Lossless for the cache in that storage dtype."""
+        return self.compress_predicted(
+            cache, input_ids, self.predictor.predict(input_ids), dtype, threads=threads, model=model
+        )
+
+    def compress_predicted(
+        self,
+        cache: Any,
+        input_ids: torch.Tensor,
+        prediction: list[tuple[torch.Tensor, torch.Tensor]],
+        dtype: str = "bf16",
+        *,
+        threads: int | None = None,
+        model: str = "exact",
+    ) -> bytes:
+        """``compress`` with the predictor's output for ``input_ids`` already computed."""
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
         cal = self._calibration()
         kv = extract_kv(cache)
         if len(kv) != cal.n_layers:
             raise ValueError(f"cache: {len(kv)} layers, the calibration has {cal.n_layers}")
-        pred = self.predictor.predict(input_ids)
+        pred = prediction
         streams: list[bytes] = []
         for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, pred)):
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
@@ -203,11 +218,18 @@ class SpeculativeCodec:
                 f"the stream was made with predictor {header.get('predictor')}, not {self.predictor.describe()}"
             )
 
-    def _decode(self, data: bytes, input_ids: torch.Tensor, layers: list[int] | None, threads: int | None):
+    def _decode(
+        self,
+        data: bytes,
+        input_ids: torch.Tensor,
+        layers: list[int] | None,
+        threads: int | None,
+        prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ):
         header, payload = self.read_header(data)
         self._check(header, input_ids)
         mode = header["mode"]
-        pred = self.predictor.predict(input_ids)
+        pred = prediction if prediction is not None else self.predictor.predict(input_ids)
         out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for layer in range(header["layers"]) if layers is None else layers:
             if not 0 <= layer < header["layers"]:
@@ -221,12 +243,19 @@ class SpeculativeCodec:
         return header, out
 
     def decompress(
-        self, data: bytes, input_ids: torch.Tensor, *, threads: int | None = None, dequantize: bool = True
+        self,
+        data: bytes,
+        input_ids: torch.Tensor,
+        *,
+        threads: int | None = None,
+        dequantize: bool = True,
+        prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> Any:
         """The exact cache back as a ``DynamicCache``. In fp8 mode it holds the fp8 tensors
         dequantized (``fp8 * scale`` in bfloat16) unless ``dequantize=False``, which returns the
-        stored float8_e4m3fn tensors themselves."""
-        header, layers = self._decode(data, input_ids, None, threads)
+        stored float8_e4m3fn tensors themselves. ``prediction`` skips running the predictor
+        when its output for ``input_ids`` is at hand."""
+        header, layers = self._decode(data, input_ids, None, threads, prediction)
         kv = [layers[i] for i in range(header["layers"])]
         if header["mode"] == "fp8" and dequantize:
             kv = [self._dequantize(header, i, k, v) for i, (k, v) in enumerate(kv)]

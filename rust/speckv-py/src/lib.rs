@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use speckv::codec::EncodeOptions;
+use speckv::model::ModelParams;
 use speckv::format::Header;
 use speckv::model::ladder;
 use speckv::{Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes};
@@ -106,18 +107,23 @@ impl<'py> PredictionArgs<'py> {
     }
 }
 
-fn options(threads: usize, chunk_scalars: u32, model: &str) -> PyResult<EncodeOptions> {
+fn options(threads: usize, chunk_scalars: u32, model: &str, weights: Option<(u16, u16, u16)>) -> PyResult<EncodeOptions> {
+    let mut params = ModelParams::default();
+    if let Some((narrow, wide, escape)) = weights {
+        (params.weight_narrow, params.weight_wide, params.weight_escape) = (narrow, wide, escape);
+        params.validate().map_err(|e| PyValueError::new_err(format!("weights: {e}")))?;
+    }
     let model = match model {
         "exact" => ModelKind::Exact,
         "fast" => ModelKind::Fast,
         other => return Err(PyValueError::new_err(format!("model: expected 'exact' or 'fast', got {other:?}"))),
     };
-    Ok(EncodeOptions { threads, chunk_scalars, model, ..Default::default() })
+    Ok(EncodeOptions { threads, chunk_scalars, model, params, ..Default::default() })
 }
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact"))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode<'py>(
     py: Python<'py>,
@@ -131,13 +137,14 @@ fn encode<'py>(
     chunk_scalars: u32,
     torch_hint: bool,
     model: &str,
+    weights: Option<(u16, u16, u16)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
     let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
     let x_bits = x.bits("x")?;
-    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model)? };
+    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model, weights)? };
     let stream =
         py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
@@ -145,7 +152,7 @@ fn encode<'py>(
 
 /// Ideal code length in bits under exactly the model `encode` uses.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact"))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn ideal_bits<'py>(
     py: Python<'py>,
@@ -158,13 +165,14 @@ fn ideal_bits<'py>(
     threads: usize,
     chunk_scalars: u32,
     model: &str,
+    weights: Option<(u16, u16, u16)>,
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
     let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
     let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
     let x_bits = x.bits("x")?;
-    let opts = options(threads, chunk_scalars, model)?;
+    let opts = options(threads, chunk_scalars, model, weights)?;
     py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
 }
 
@@ -264,5 +272,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PredictionMismatchError", py.get_type::<PredictionMismatchError>())?;
     m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
     m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
+    let p = ModelParams::default();
+    m.add("DEFAULT_WEIGHTS", (p.weight_narrow, p.weight_wide, p.weight_escape))?;
     Ok(())
 }

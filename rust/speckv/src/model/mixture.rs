@@ -175,7 +175,8 @@ mod tests {
         let half = g.eval(0.0) as f64 / g.g_max as f64;
         assert!((half - 0.5).abs() < 1e-6);
         let one_sigma = g.eval(1.0) as f64 / g.g_max as f64;
-        let expected = (0.95 * normal_cdf(1.0) + 0.03 * normal_cdf(1.0 / 3.0)) / 0.98;
+        let (wn, ww) = (params.weight_narrow as f64, params.weight_wide as f64);
+        let expected = (wn * normal_cdf(1.0) + ww * normal_cdf(1.0 / 3.0)) / (wn + ww);
         assert!((one_sigma - expected).abs() < 1e-5, "{one_sigma} {expected}");
         let total = 1u64 << 24;
         assert!(g.g_max as u64 + MAX_WINDOW as u64 <= total - ((params.weight_escape as u64 * total) >> 16));

@@ -37,10 +37,13 @@ impl Default for ModelParams {
             min_scale_log2: -4,
             max_scale_log2: 6,
             window_scales: 24,
-            // 0.95 / 0.03 / 0.02 of 65536, rounded so that they add up to 65536 exactly.
-            weight_narrow: 62259,
-            weight_wide: 1966,
-            weight_escape: 1311,
+            // ~0.990 / 0.009 / 0.001 of 65536 (adding up to 65536 exactly). Measured on
+            // SmolLM2-135M caches against the fp8 predictor, these beat the design's starting
+            // point 0.95 / 0.03 / 0.02 by 0.4% (bf16) to 1.3% (fp8): real prediction errors
+            // have fewer far outliers than 2% escapes and 3% wide mass pay for.
+            weight_narrow: 64880,
+            weight_wide: 590,
+            weight_escape: 66,
             wide_factor: 3,
             adapt_increment: 24,
             adapt_period: 128,

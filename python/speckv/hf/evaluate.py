@@ -1,0 +1,184 @@
+"""Measuring a codec on real caches: coded size per layer against the reference method's ideal
+code length and zstd, and speed against the model's own prefill."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from .cache import KV, extract_kv, prefill
+from .calibration import fp8_quantize
+from .codec import MODES, SpeculativeCodec
+
+SQRT1_2 = 1.0 / math.sqrt(2.0)
+
+
+def _normal_mass(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Phi(hi) - Phi(lo) in float64, accurate in both tails."""
+    erfc = torch.special.erfc
+    right = 0.5 * (erfc(lo * SQRT1_2) - erfc(hi * SQRT1_2))
+    left = 0.5 * (erfc(-hi * SQRT1_2) - erfc(-lo * SQRT1_2))
+    middle = 1.0 - 0.5 * (erfc(-lo * SQRT1_2) + erfc(hi * SQRT1_2))
+    return torch.where(lo >= 0, right, torch.where(hi <= 0, left, middle))
+
+
+def _all_values(dtype: torch.dtype) -> torch.Tensor:
+    """Value of every bit pattern of an 8/16-bit float dtype, indexed by ordinal + offset."""
+    bits = 16 if dtype in (torch.bfloat16, torch.float16) else 8
+    half = 1 << (bits - 1)
+    ordinals = torch.arange(-half, half, dtype=torch.int64)
+    magnitude = torch.where(ordinals >= 0, ordinals, -ordinals - 1)
+    patterns = torch.where(ordinals >= 0, magnitude, magnitude | half)
+    word = torch.int16 if bits == 16 else torch.uint8
+    if bits == 16:
+        patterns = torch.where(patterns >= half, patterns - (1 << 16), patterns)
+    return patterns.to(word).view(dtype).double()
+
+
+def reference_ideal_bits(x: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor) -> float:
+    """The reference method's ideal code length of ``x`` in bits: a single Gaussian
+    ``N(mu, sigma^2)`` integrated in float64 over the interval of reals that round to each value
+    (midpoints to its neighbours), probability floored at 2^-24."""
+    values = _all_values(x.dtype)
+    half = values.numel() // 2
+    bits = 16 if values.numel() == 65536 else 8
+    word = torch.int16 if bits == 16 else torch.uint8
+    raw = x.contiguous().view(word).to(torch.int64) & ((1 << bits) - 1)
+    sign = raw >> (bits - 1)
+    mag = raw & (half - 1)
+    index = torch.where(sign == 0, mag, -mag - 1) + half
+    v = values[index]
+    below = values[(index - 1).clamp(min=0)]
+    above = values[(index + 1).clamp(max=values.numel() - 1)]
+    lo = torch.where(torch.isfinite(below), (v + below) / 2, torch.full_like(v, -math.inf))
+    hi = torch.where(torch.isfinite(above), (v + above) / 2, torch.full_like(v, math.inf))
+    m = mu.double().expand_as(v)
+    s = sigma.double().expand_as(v)
+    p = _normal_mass((lo - m) / s, (hi - m) / s).clamp(min=2.0**-24)
+    p = torch.where(torch.isfinite(v), p, torch.full_like(p, 2.0**-24))
+    return float(-torch.log2(p).sum())
+
+
+def _stored(codec: SpeculativeCodec, mode: str, layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
+    if mode == "fp8":
+        return fp8_quantize(t, float(codec._calibration().fp8_scales[layer, which]))
+    return t.to(MODES[mode])
+
+
+def _zstd_bits(tensors: list[torch.Tensor]) -> float | None:
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    word = {2: torch.int16, 1: torch.uint8}
+    raw = b"".join(t.contiguous().view(word[t.element_size()]).numpy().tobytes() for t in tensors)
+    return len(zstandard.ZstdCompressor(level=19).compress(raw)) * 8.0
+
+
+def evaluate(
+    codec: SpeculativeCodec,
+    prompts: list[torch.Tensor],
+    modes: tuple[str, ...] = ("bf16", "fp8"),
+    *,
+    threads: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Compresses the model's cache of every prompt in every mode, checks the exact round trip,
+    and returns sizes (per layer and K/V), the reference ideal, zstd, and timings."""
+    cal = codec._calibration()
+    n_layers = cal.n_layers
+    result: dict[str, Any] = {"prompts": len(prompts), "tokens": sum(p.numel() for p in prompts), "modes": {}}
+    timing = {"prefill_s": 0.0, "predict_s": 0.0}
+    per_mode = {
+        m: {
+            "coded_bits": torch.zeros(n_layers, 2, dtype=torch.float64),
+            "ideal_bits": torch.zeros(n_layers, 2, dtype=torch.float64),
+            "scalars": torch.zeros(n_layers, 2, dtype=torch.float64),
+            "bytes": 0,
+            "zstd_bits": 0.0,
+            "encode_s": 0.0,
+            "decode_s": 0.0,
+            "exact": True,
+        }
+        for m in modes
+    }
+    iterator: Any = prompts
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(prompts, desc="evaluating", unit="prompt")
+    for ids in iterator:
+        t0 = time.perf_counter()
+        true = prefill(codec.model, ids)
+        t1 = time.perf_counter()
+        pred = codec.predictor.predict(ids)
+        t2 = time.perf_counter()
+        timing["prefill_s"] += t1 - t0
+        timing["predict_s"] += t2 - t1
+        for mode in modes:
+            acc = per_mode[mode]
+            t3 = time.perf_counter()
+            data = codec.compress_predicted(true, ids, pred, mode, threads=threads)
+            t4 = time.perf_counter()
+            back = extract_kv(codec.decompress(data, ids, threads=threads, dequantize=False, prediction=pred))
+            t5 = time.perf_counter()
+            acc["encode_s"] += t4 - t3
+            acc["decode_s"] += t5 - t4
+            acc["bytes"] += len(data)
+            header, _ = codec.read_header(data)
+            stored_all = []
+            for layer in range(n_layers):
+                for which in (0, 1):
+                    stored = _stored(codec, mode, layer, which, true[layer][which])
+                    stored_all.append(stored)
+                    got = back[layer][which]
+                    word = torch.int16 if stored.element_size() == 2 else torch.uint8
+                    acc["exact"] &= bool(torch.equal(stored.view(word), got.view(word)))
+                    _, mu, sigma = codec._targets(mode, layer, which, None, pred[layer][which])
+                    acc["ideal_bits"][layer, which] += reference_ideal_bits(stored, mu, sigma)
+                    acc["coded_bits"][layer, which] += header["streams"][2 * layer + which][1] * 8
+                    acc["scalars"][layer, which] += stored.numel()
+            z = _zstd_bits(stored_all)
+            acc["zstd_bits"] = None if z is None or acc["zstd_bits"] is None else acc["zstd_bits"] + z
+    for mode, acc in per_mode.items():
+        scalars = float(acc["scalars"].sum())
+        raw_bits = 16.0 if mode != "fp8" else 8.0
+        out = {
+            "exact_round_trip": acc["exact"],
+            "bits_per_scalar": {
+                "K": float(acc["coded_bits"][:, 0].sum() / acc["scalars"][:, 0].sum()),
+                "V": float(acc["coded_bits"][:, 1].sum() / acc["scalars"][:, 1].sum()),
+                "all": float(acc["coded_bits"].sum()) / scalars,
+                "with_container": acc["bytes"] * 8.0 / scalars,
+            },
+            "reference_ideal_bits_per_scalar": float(acc["ideal_bits"].sum()) / scalars,
+            "coded_over_reference_ideal": float(acc["coded_bits"].sum() / acc["ideal_bits"].sum()),
+            "zstd19_bits_per_scalar": None if acc["zstd_bits"] is None else acc["zstd_bits"] / scalars,
+            "ratio_vs_raw": raw_bits * scalars / (acc["bytes"] * 8.0),
+            "encode_s": acc["encode_s"],
+            "decode_s": acc["decode_s"],
+            "encode_msym_per_s": scalars / acc["encode_s"] / 1e6,
+            "decode_msym_per_s": scalars / acc["decode_s"] / 1e6,
+            "codec_speedup_over_prefill": timing["prefill_s"] / (acc["encode_s"] + acc["decode_s"]),
+            "per_layer": [
+                {
+                    "layer": layer,
+                    "K": float(acc["coded_bits"][layer, 0] / acc["scalars"][layer, 0]),
+                    "V": float(acc["coded_bits"][layer, 1] / acc["scalars"][layer, 1]),
+                    "K_ideal": float(acc["ideal_bits"][layer, 0] / acc["scalars"][layer, 0]),
+                    "V_ideal": float(acc["ideal_bits"][layer, 1] / acc["scalars"][layer, 1]),
+                }
+                for layer in range(n_layers)
+            ],
+        }
+        if out["zstd19_bits_per_scalar"] is not None:
+            out["zstd19_over_coded"] = out["zstd19_bits_per_scalar"] / out["bits_per_scalar"]["with_container"]
+        result["modes"][mode] = out
+    result["timing"] = {**timing, "predictor_cost_over_prefill": timing["predict_s"] / timing["prefill_s"]}
+    return result
+
+
+__all__ = ["KV", "evaluate", "reference_ideal_bits"]
