@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .. import _api
 from .cache import KV, extract_kv, prefill
 from .calibration import fp8_quantize
 from .codec import MODES, SpeculativeCodec
@@ -128,8 +129,21 @@ def evaluate(
             acc["encode_s"] += t4 - t3
             acc["decode_s"] += t5 - t4
             acc["bytes"] += len(data)
-            header, _ = codec.read_header(data)
+            header, payload = codec.read_header(data)
             stored_all = []
+            layer_bits = torch.zeros(n_layers, 2, dtype=torch.float64)
+            if header["layout"] == "stacked":
+                # chunk i of the keys (values) stream is layer i; its header is shared out evenly
+                for which in (0, 1):
+                    o, n = header["streams"][which]
+                    info = _api.info(payload[o : o + n])
+                    share = info["header_bytes"] / n_layers
+                    for layer, nbytes in enumerate(info["chunk_bytes"]):
+                        layer_bits[layer, which] = (nbytes + share) * 8
+            else:
+                for layer in range(n_layers):
+                    for which in (0, 1):
+                        layer_bits[layer, which] = header["streams"][2 * layer + which][1] * 8
             for layer in range(n_layers):
                 for which in (0, 1):
                     stored = _stored(codec, mode, layer, which, true[layer][which])
@@ -139,7 +153,7 @@ def evaluate(
                     acc["exact"] &= bool(torch.equal(stored.view(word), got.view(word)))
                     _, mu, sigma = codec._targets(mode, layer, which, None, pred[layer][which])
                     acc["ideal_bits"][layer, which] += reference_ideal_bits(stored, mu, sigma)
-                    acc["coded_bits"][layer, which] += header["streams"][2 * layer + which][1] * 8
+                    acc["coded_bits"][layer, which] += layer_bits[layer, which]
                     acc["scalars"][layer, which] += stored.numel()
             z = _zstd_bits(stored_all)
             acc["zstd_bits"] = None if z is None or acc["zstd_bits"] is None else acc["zstd_bits"] + z

@@ -237,6 +237,7 @@ fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound
     d.set_item("chunks", h.chunks.len())?;
     let payload: u64 = h.chunks.iter().map(|c| c.length as u64).sum();
     d.set_item("payload_bytes", payload)?;
+    d.set_item("chunk_bytes", h.chunks.iter().map(|c| c.length).collect::<Vec<u32>>())?;
     d.set_item("header_bytes", stream.len() as u64 - payload)?;
     d.set_item("total_bytes", stream.len())?;
     d.set_item("raw_bytes", h.n_scalars * h.dtype.bytes() as u64)?;
