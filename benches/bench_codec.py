@@ -27,22 +27,9 @@ import ml_dtypes
 import numpy as np
 
 import speckv
+from speckv._synthetic import workload
 
 SQRT1_2 = 0.7071067811865476
-
-
-def workload(n_scalars: int, channels: int = 512, seed: int = 0):
-    """bf16 x = mu + noise; sigma per channel log-spaced over two decades; 0.5% outliers."""
-    rng = np.random.default_rng(seed)
-    rows = max(1, n_scalars // channels)
-    channel_scale = np.exp(rng.normal(0.0, 0.7, channels)).astype(np.float32)
-    sigma = np.logspace(-2.5, -0.5, channels).astype(np.float32) * channel_scale
-    mu = (rng.standard_normal((rows, channels)).astype(np.float32) * channel_scale).astype(np.float32)
-    noise = rng.standard_normal((rows, channels)).astype(np.float32) * sigma
-    outliers = rng.random((rows, channels)) < 0.005
-    noise[outliers] *= 20.0
-    x = (mu + noise).astype(ml_dtypes.bfloat16)
-    return x, mu, sigma
 
 
 def _erfc(z):

