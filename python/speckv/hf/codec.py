@@ -8,9 +8,11 @@ Container ("SPKC", little-endian)::
     6       2     reserved, 0
     8       4     header length H
     12      8     BLAKE2b-64 of the header bytes
-    20      H     header, UTF-8 JSON: mode, model fingerprint, calibration digest, predictor
-                  settings, digest of the prompt, fp8 scales, and the [offset, length] of each
-                  inner stream (layer 0 K, layer 0 V, layer 1 K, ...) from the end of the header
+    20      H     header, UTF-8 JSON: mode, layout, model fingerprint, calibration digest
+                  (which fixes the fp8 scales), predictor settings, digest of the prompt, and
+                  the [offset, length] of each inner stream from the end of the header:
+                  layout "stacked": all keys, then all values (a chunk per layer);
+                  layout "per-layer": layer 0 K, layer 0 V, layer 1 K, ...
     20+H    ...   the inner speckv streams, each with its own checksums and prediction
                   fingerprint
 
@@ -203,7 +205,6 @@ class SpeculativeCodec:
             "calibration": cal.digest(),
             "predictor": self.predictor.describe(),
             "prompt": prompt_digest(input_ids),
-            "fp8_scales": [[float(s).hex() for s in row] for row in cal.fp8_scales] if dtype == "fp8" else None,
             "streams": [],
         }
         offset = 0
@@ -310,7 +311,8 @@ class SpeculativeCodec:
         header, layers = self._decode(data, input_ids, None, threads, prediction)
         kv = [layers[i] for i in range(header["layers"])]
         if header["mode"] == "fp8" and dequantize:
-            kv = [self._dequantize(header, i, k, v) for i, (k, v) in enumerate(kv)]
+            scales = self._calibration().fp8_scales
+            kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
         return build_cache(kv)
 
     def decompress_layer(
@@ -320,12 +322,10 @@ class SpeculativeCodec:
         _, layers = self._decode(data, input_ids, [layer], threads)
         return layers[layer]
 
-    @staticmethod
-    def _dequantize(
-        header: dict[str, Any], layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        ks, vs = (float.fromhex(s) for s in header["fp8_scales"][layer])
-        return (k.float() * ks).to(torch.bfloat16), (v.float() * vs).to(torch.bfloat16)
+
+def _dequantize(k: torch.Tensor, v: torch.Tensor, k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 values times their scale, in bfloat16 (what attention reads from a vLLM fp8 cache)."""
+    return (k.float() * k_scale).to(torch.bfloat16), (v.float() * v_scale).to(torch.bfloat16)
 
 
 __all__ = ["SpeculativeCodec", "PredictionMismatchError", "prompt_digest"]

@@ -55,12 +55,16 @@ def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.bfloa
     else:
         kwargs, folder = {}, str(path)
     verbosity = logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
     finally:
         logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
     return model.eval(), tokenizer
 
 
