@@ -82,6 +82,15 @@ def _target(x: Any) -> tuple[np.ndarray, str]:
     return _arrays.to_numpy(x), name
 
 
+def _coding_args(x: Any, mu: Any, sigma: Any) -> tuple[Any, ...]:
+    """The positional arguments of the extension's encode / ideal_bits: x's words, dtype name,
+    shape, then mu and sigma as integers and float32."""
+    x_np, name = _target(x)
+    shape = tuple(int(d) for d in x_np.shape)
+    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
+    return _arrays.words_of(x_np, name), name, list(shape), mu_words, codes, strides
+
+
 def encode(
     x: Any,
     mu: Any = None,
@@ -111,16 +120,8 @@ def encode(
     >>> bool((speckv.decode(data).view(np.uint16) == x.view(np.uint16)).all())
     True
     """
-    x_np, name = _target(x)
-    shape = tuple(int(d) for d in x_np.shape)
-    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
     return _speckv.encode(
-        _arrays.words_of(x_np, name),
-        name,
-        list(shape),
-        mu_words,
-        codes,
-        strides,
+        *_coding_args(x, mu, sigma),
         threads=resolve_threads(threads),
         chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
         torch_hint=_arrays.is_torch(x),
@@ -183,16 +184,8 @@ def ideal_bits(x: Any, mu: Any = None, sigma: Any = None, *, model: Model = "exa
     """Bits a perfect coder would spend on `x` under exactly the model `encode` uses (payload
     only; headers and coder overhead excluded), so `8 * len(encode(...)) / ideal_bits(...)`
     is the real coder's overhead."""
-    x_np, name = _target(x)
-    shape = tuple(int(d) for d in x_np.shape)
-    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
     return _speckv.ideal_bits(
-        _arrays.words_of(x_np, name),
-        name,
-        list(shape),
-        mu_words,
-        codes,
-        strides,
+        *_coding_args(x, mu, sigma),
         threads=resolve_threads(None),
         model=_check_model(model),
     )

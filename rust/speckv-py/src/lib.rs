@@ -9,9 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use speckv::codec::EncodeOptions;
-use speckv::model::ModelParams;
 use speckv::format::Header;
 use speckv::model::ladder;
+use speckv::model::ModelParams;
 use speckv::{Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes};
 
 create_exception!(_speckv, SpeckvError, PyValueError, "Base class of every error speckv raises.");
@@ -107,7 +107,12 @@ impl<'py> PredictionArgs<'py> {
     }
 }
 
-fn options(threads: usize, chunk_scalars: u32, model: &str, weights: Option<(u16, u16, u16)>) -> PyResult<EncodeOptions> {
+fn options(
+    threads: usize,
+    chunk_scalars: u32,
+    model: &str,
+    weights: Option<(u16, u16, u16)>,
+) -> PyResult<EncodeOptions> {
     let mut params = ModelParams::default();
     if let Some((narrow, wide, escape)) = weights {
         (params.weight_narrow, params.weight_wide, params.weight_escape) = (narrow, wide, escape);

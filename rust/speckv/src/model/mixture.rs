@@ -56,12 +56,8 @@ fn normal_cdf(z: f64) -> f64 {
 impl MixtureCdf {
     /// The CDF for `params`, built on first use and then shared.
     pub fn shared(params: &ModelParams) -> std::sync::Arc<MixtureCdf> {
-        use std::collections::HashMap;
-        use std::sync::{Arc, Mutex, OnceLock};
-        static CACHE: OnceLock<Mutex<HashMap<ModelParams, Arc<MixtureCdf>>>> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut guard = cache.lock().unwrap_or_else(|p| p.into_inner());
-        guard.entry(*params).or_insert_with(|| Arc::new(MixtureCdf::build(params))).clone()
+        static CACHE: super::ParamsCache<MixtureCdf> = std::sync::OnceLock::new();
+        super::shared(&CACHE, params, || MixtureCdf::build(params))
     }
 
     pub fn build(params: &ModelParams) -> MixtureCdf {

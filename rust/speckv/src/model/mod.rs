@@ -14,3 +14,16 @@ pub use adaptive::AdaptiveModel;
 pub use params::ModelParams;
 pub use raw::RawPatternModel;
 pub use tables::{Table, TableBank};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Per-parameter-set cache of something expensive to build (tables), shared by every stream
+/// and thread that codes with the same parameters.
+pub(crate) type ParamsCache<T> = OnceLock<Mutex<HashMap<ModelParams, Arc<T>>>>;
+
+pub(crate) fn shared<T>(cache: &'static ParamsCache<T>, params: &ModelParams, build: impl FnOnce() -> T) -> Arc<T> {
+    let map = cache.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut guard = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    guard.entry(*params).or_insert_with(|| Arc::new(build())).clone()
+}

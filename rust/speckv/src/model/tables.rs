@@ -7,8 +7,7 @@
 //! checked on decode, so a build that computed different tables cannot silently decode wrong.
 //! Coding then only reads integers.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use super::params::{ModelParams, STEPS_PER_OCTAVE};
 use crate::format::checksum::Hasher;
@@ -77,10 +76,8 @@ fn normal_mass(a: f64, b: f64) -> f64 {
 impl TableBank {
     /// The bank for `params`, built on first use and then shared.
     pub fn shared(params: &ModelParams) -> Arc<TableBank> {
-        static CACHE: OnceLock<Mutex<HashMap<ModelParams, Arc<TableBank>>>> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut guard = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        guard.entry(*params).or_insert_with(|| Arc::new(TableBank::build(params))).clone()
+        static CACHE: super::ParamsCache<TableBank> = OnceLock::new();
+        super::shared(&CACHE, params, || TableBank::build(params))
     }
 
     /// Builds every table. `params` must have passed `ModelParams::validate`.
@@ -266,8 +263,11 @@ mod tests {
         let t = (3 * STEPS_PER_OCTAVE - params.min_scale_code()) as usize;
         let table = bank.table(t);
         let p0 = table.interval(table.radius as usize).1 as f64 / (1u64 << 24) as f64;
-        let (wn, ww, we) =
-            (params.weight_narrow as f64 / 65536.0, params.weight_wide as f64 / 65536.0, params.weight_escape as f64 / 65536.0);
+        let (wn, ww, we) = (
+            params.weight_narrow as f64 / 65536.0,
+            params.weight_wide as f64 / 65536.0,
+            params.weight_escape as f64 / 65536.0,
+        );
         let expected = wn * normal_mass(-0.5 / 8.0, 0.5 / 8.0) + ww * normal_mass(-0.5 / 24.0, 0.5 / 24.0);
         assert!((p0 / expected - 1.0).abs() < 1e-5, "{p0} vs {expected}");
         let escape = table.interval(table.escape_symbol()).1 as f64 / (1u64 << 24) as f64;
