@@ -149,3 +149,41 @@ fn perturbed_prediction_is_a_mismatch() {
     let err = decode_into(&stream, BitsMut::U16(&mut out), None, 1).unwrap_err();
     assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
 }
+
+/// A forger who recomputes the header checksum gets past the first line of defence: every
+/// field must still be validated before it sizes anything, and nothing may panic or hang.
+#[test]
+fn forged_headers_never_panic() {
+    use speckv::format::checksum::checksum;
+    use speckv::format::header::header_len;
+
+    for model in [ModelKind::Exact, ModelKind::Fast] {
+        let (stream, x, mu, codes) = small_stream(model);
+        let h = info(&stream).unwrap();
+        let len = header_len(h.shape.len(), h.chunks.len());
+        let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
+        let pred = Prediction { mu: &mu, sigma };
+        let mut out = vec![0u16; x.len()];
+        let mut rng = Rng(77);
+        for _ in 0..20_000 {
+            let mut s = stream.clone();
+            for _ in 0..1 + rng.next() % 3 {
+                let at = 6 + (rng.next() as usize) % (len - 14);
+                s[at] = match rng.next() % 4 {
+                    0 => 0,
+                    1 => 0xFF,
+                    _ => rng.next() as u8,
+                };
+            }
+            let sum = checksum(&s[..len - 8]);
+            s[len - 8..len].copy_from_slice(&sum.to_le_bytes());
+            // Either refused, or decoded to something; the chunk checksums make the latter
+            // possible only when the mutation changed nothing that matters.
+            if decode_into(&s, BitsMut::U16(&mut out), Some(&pred), 1).is_ok() {
+                let header = info(&s).unwrap();
+                assert_eq!(header.n_scalars, x.len() as u64);
+            }
+            let _ = decode_into(&s, BitsMut::U16(&mut out), None, 1);
+        }
+    }
+}

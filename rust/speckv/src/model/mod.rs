@@ -22,8 +22,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// and thread that codes with the same parameters.
 pub(crate) type ParamsCache<T> = OnceLock<Mutex<HashMap<ModelParams, Arc<T>>>>;
 
+/// Parameter sets kept in a cache. Streams choose their parameters, so a stream of hostile
+/// bytes could otherwise make a long-running process keep tables for every set it names.
+const MAX_CACHED_PARAMS: usize = 8;
+
 pub(crate) fn shared<T>(cache: &'static ParamsCache<T>, params: &ModelParams, build: impl FnOnce() -> T) -> Arc<T> {
     let map = cache.get_or_init(|| Mutex::new(HashMap::new()));
     let mut guard = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    guard.entry(*params).or_insert_with(|| Arc::new(build())).clone()
+    if let Some(found) = guard.get(params) {
+        return found.clone();
+    }
+    let built = Arc::new(build());
+    if guard.len() < MAX_CACHED_PARAMS {
+        guard.insert(*params, built.clone());
+    }
+    built
 }
