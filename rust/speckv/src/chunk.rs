@@ -268,9 +268,14 @@ fn for_pairs_dec<'a, W, F>(
 }
 
 /// The window of patterns a prediction can code without escaping: every finite pattern whose
-/// interval meets `[mu - W sigma, mu + W sigma]`, give or take one at each end.
+/// interval meets `[mu - W sigma, mu + W sigma]`, give or take one at each end. An 8-bit
+/// format has so few patterns that leaking one unit to each of them costs nothing measurable
+/// (2^-16 of the mass), so its window is simply every finite pattern, found without work.
 #[inline(always)]
 fn window(cdf: &MixtureCdf, grid: &ValueGrid, mu: f64, sigma: f64) -> Window {
+    if grid.max_ordinal < 256 {
+        return Window { lo: grid.min_ordinal, n: (grid.max_ordinal - grid.min_ordinal + 1) as u32 };
+    }
     let reach = cdf.half_width * sigma;
     let lo = (grid.ordinal_toward_zero(mu - reach) - 1).max(grid.min_ordinal);
     let hi = (grid.ordinal_toward_zero(mu + reach) + 1).min(grid.max_ordinal);
