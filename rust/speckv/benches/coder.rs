@@ -6,7 +6,7 @@ use speckv::codec::EncodeOptions;
 use speckv::coder::{RangeDecoder, RangeEncoder, SymbolSink};
 use speckv::model::ladder::sigma_code;
 use speckv::model::{ModelParams, TableBank};
-use speckv::{decode_into, encode, Bits, BitsMut, DType, Prediction, SigmaCodes};
+use speckv::{decode_into, encode, Bits, BitsMut, DType, ModelKind, Prediction, SigmaCodes};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -75,14 +75,15 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("kv_bf16");
     g.throughput(Throughput::Elements(x.len() as u64));
     g.sample_size(10);
-    for threads in [1usize, 2] {
-        let opts = EncodeOptions { threads, ..Default::default() };
-        g.bench_function(format!("encode_{threads}t"), |b| {
+    for (threads, model) in [(1usize, ModelKind::Exact), (2, ModelKind::Exact), (1, ModelKind::Fast), (2, ModelKind::Fast)] {
+        let opts = EncodeOptions { threads, model, ..Default::default() };
+        let tag = if model == ModelKind::Fast { "fast_" } else { "" };
+        g.bench_function(format!("{tag}encode_{threads}t"), |b| {
             b.iter(|| encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap())
         });
         let stream = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
         let mut out = vec![0u16; x.len()];
-        g.bench_function(format!("decode_{threads}t"), |b| {
+        g.bench_function(format!("{tag}decode_{threads}t"), |b| {
             b.iter(|| decode_into(&stream, BitsMut::U16(&mut out), Some(&pred), threads).unwrap())
         });
     }
