@@ -75,7 +75,9 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("kv_bf16");
     g.throughput(Throughput::Elements(x.len() as u64));
     g.sample_size(10);
-    for (threads, model) in [(1usize, ModelKind::Exact), (2, ModelKind::Exact), (1, ModelKind::Fast), (2, ModelKind::Fast)] {
+    for (threads, model) in
+        [(1usize, ModelKind::Exact), (2, ModelKind::Exact), (1, ModelKind::Fast), (2, ModelKind::Fast)]
+    {
         let opts = EncodeOptions { threads, model, ..Default::default() };
         let tag = if model == ModelKind::Fast { "fast_" } else { "" };
         g.bench_function(format!("{tag}encode_{threads}t"), |b| {
