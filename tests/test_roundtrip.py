@@ -153,3 +153,19 @@ def test_torch_in_torch_out():
         assert torch.equal(y.view(bits), x.view(bits))
         z = speckv.decode(speckv.encode(x))
         assert isinstance(z, torch.Tensor) and torch.equal(z.view(bits), x.view(bits))
+
+
+def test_decoding_a_run_of_chunks():
+    rng = np.random.default_rng(6)
+    mu = rng.standard_normal((10, 4, 250)).astype(np.float32)
+    sigma = np.full(250, 0.05, np.float32)
+    x = (mu + 0.05 * rng.standard_normal(mu.shape)).astype(ml_dtypes.bfloat16)
+    stream = speckv.encode(x, mu, sigma, chunk_size=1000)
+    flat = x.reshape(-1)
+    for start, stop in [(0, 1), (3, 7), (9, 10), (5, 5)]:
+        part = speckv.decode(stream, mu, sigma, chunks=(start, stop))
+        assert same_bits(part, np.ascontiguousarray(flat[start * 1000 : stop * 1000]))
+    layer = speckv.decode(stream, mu, sigma, chunks=range(2, 3))
+    assert same_bits(layer.reshape(4, 250), x[2])
+    with pytest.raises(ValueError, match="chunks"):
+        speckv.decode(stream, mu, sigma, chunks=(3, 11))

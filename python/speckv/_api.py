@@ -146,8 +146,19 @@ def info(data: Any) -> dict[str, Any]:
     return _speckv.info(_stream_array(data))
 
 
-def decode(data: Any, mu: Any = None, sigma: Any = None, *, threads: int | None = None) -> Any:
+def decode(
+    data: Any,
+    mu: Any = None,
+    sigma: Any = None,
+    *,
+    threads: int | None = None,
+    chunks: tuple[int, int] | range | None = None,
+) -> Any:
     """Decompress a stream from `encode`, bit for bit, with the same `mu` and `sigma`.
+
+    With ``chunks=(start, stop)`` only those chunks are read and checked, and the result is
+    the 1-D run of their scalars (chunk ``i`` holds scalars ``i * chunk_size`` onwards);
+    `mu` and `sigma` still describe the whole tensor.
 
     Returns a numpy array of the original dtype and shape, or a CPU torch tensor if `encode`
     was given a torch tensor (and torch is importable) or `mu` is a torch tensor. Raises
@@ -163,7 +174,17 @@ def decode(data: Any, mu: Any = None, sigma: Any = None, *, threads: int | None 
         if mu_shape != shape:
             raise PredictionMismatchError(f"mu: shape {mu_shape} differs from the stream's shape {shape}")
     mu_words, codes, strides = _prediction(shape, name, mu, sigma)
-    out = np.empty(shape, dtype=_arrays.numpy_dtype(name))
+    span = None
+    if chunks is not None:
+        start, stop = (chunks.start, chunks.stop) if isinstance(chunks, range) else (int(chunks[0]), int(chunks[1]))
+        if not 0 <= start <= stop <= meta["chunks"]:
+            raise ValueError(f"chunks: ({start}, {stop}) is not within the stream's {meta['chunks']} chunks")
+        span = (start, stop)
+        size = meta["chunk_scalars"]
+        count = max(0, min(stop * size, meta["n_scalars"]) - start * size)
+        out = np.empty(count, dtype=_arrays.numpy_dtype(name))
+    else:
+        out = np.empty(shape, dtype=_arrays.numpy_dtype(name))
     _speckv.decode_into(
         arr,
         out.reshape(-1).view(_arrays.word_dtype(name)),
@@ -171,6 +192,7 @@ def decode(data: Any, mu: Any = None, sigma: Any = None, *, threads: int | None 
         codes,
         strides,
         threads=resolve_threads(threads),
+        chunks=span,
     )
     if meta["torch_hint"] or _arrays.is_torch(mu):
         try:

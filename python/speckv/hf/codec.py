@@ -284,7 +284,17 @@ class SpeculativeCodec:
                 o, n = header["streams"][which]
                 targets = [self._targets(mode, layer, which, None, pred[layer][which]) for layer in range(n_layers)]
                 _, mu, sigma = _stack(targets)
-                decoded[which] = _api.decode(payload[o : o + n], mu, sigma, threads=threads)
+                stream = payload[o : o + n]
+                if layers is None:
+                    decoded[which] = _api.decode(stream, mu, sigma, threads=threads)
+                else:
+                    # chunk i is layer i: read only the chunks asked for
+                    decoded[which] = {
+                        layer: _api.decode(stream, mu, sigma, threads=threads, chunks=(layer, layer + 1)).reshape(
+                            mu.shape[1:]
+                        )
+                        for layer in wanted
+                    }
             return header, {layer: (decoded[0][layer], decoded[1][layer]) for layer in wanted}
         jobs = []
         for layer in wanted:

@@ -183,7 +183,8 @@ fn ideal_bits<'py>(
 
 /// Decodes `data` (a uint8 array over the stream) into `out`, a flat writable array.
 #[pyfunction]
-#[pyo3(signature = (data, out, mu=None, sigma_codes=None, sigma_strides=None, threads=1))]
+#[pyo3(signature = (data, out, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunks=None))]
+#[allow(clippy::too_many_arguments)]
 fn decode_into<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
@@ -192,6 +193,7 @@ fn decode_into<'py>(
     sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
     sigma_strides: Option<Vec<usize>>,
     threads: usize,
+    chunks: Option<(usize, usize)>,
 ) -> PyResult<()> {
     let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
@@ -203,8 +205,11 @@ fn decode_into<'py>(
             let mut arr: PyReadwriteArray1<$t> =
                 out.downcast::<PyArray1<$t>>().map_err(|_| bad_out())?.try_readwrite()?;
             let slice = arr.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
-            py.allow_threads(|| speckv::decode_into(stream, BitsMut::$variant(slice), prediction.as_ref(), threads))
-                .map_err(to_py)?;
+            let range = chunks.map(|(a, b)| a..b);
+            py.allow_threads(|| {
+                speckv::decode_chunks_into(stream, BitsMut::$variant(slice), prediction.as_ref(), threads, range)
+            })
+            .map_err(to_py)?;
         }};
     }
     match header.dtype.bits() {

@@ -234,6 +234,7 @@ fn decode_words<W: Word>(
     out: &mut [W],
     prediction: Option<&Prediction>,
     threads: usize,
+    first_chunk: usize,
 ) -> Result<()> {
     let chunk = header.chunk_scalars as usize;
     let payload = |i: usize| {
@@ -243,7 +244,8 @@ fn decode_words<W: Word>(
     // Each chunk is checked before it is decoded: its checksum, then the fingerprint of the
     // decoder's own integer predictions against the encoder's. A failure anywhere fails the
     // whole call, so no partly decoded output is ever handed back.
-    for_each_piece_mut(threads, out, chunk, |i, piece| {
+    for_each_piece_mut(threads, out, chunk, |piece_index, piece| {
+        let i = first_chunk + piece_index;
         let bytes = payload(i);
         if checksum(bytes) != header.chunks[i].checksum {
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
@@ -276,11 +278,34 @@ fn decode_words<W: Word>(
 /// Decodes `stream` into `out` (as many words as the stream has scalars, of its dtype's
 /// width). `prediction` must be the one the stream was made with. Returns the header.
 pub fn decode_into(stream: &[u8], out: BitsMut, prediction: Option<&Prediction>, threads: usize) -> Result<Header> {
+    decode_chunks_into(stream, out, prediction, threads, None)
+}
+
+/// Like `decode_into`, for the chunks in `chunks` only (all when `None`): `out` holds just
+/// their scalars, in order, while `prediction` still covers the whole tensor. Chunks outside
+/// the range are neither read nor checked, so a reader can take one layer of a cache whose
+/// chunks are its layers.
+pub fn decode_chunks_into(
+    stream: &[u8],
+    out: BitsMut,
+    prediction: Option<&Prediction>,
+    threads: usize,
+    chunks: Option<std::ops::Range<usize>>,
+) -> Result<Header> {
     let header = Header::parse(stream)?;
     let n = header.n_scalars as usize;
-    if out.width_bits() != header.dtype.bits() || out.len() != n {
+    let chunks = chunks.unwrap_or(0..header.chunks.len());
+    if chunks.start > chunks.end || chunks.end > header.chunks.len() {
+        return invalid(format!("chunks: {chunks:?} is not within the stream's {} chunks", header.chunks.len()));
+    }
+    let wanted = if chunks.is_empty() {
+        0
+    } else {
+        header.chunk_scalar_range(chunks.end - 1).end - header.chunk_scalar_range(chunks.start).start
+    };
+    if out.width_bits() != header.dtype.bits() || out.len() != wanted {
         return invalid(format!(
-            "out: {} words of {} bits given; the stream holds {n} {} scalars",
+            "out: {} words of {} bits given; chunks {chunks:?} hold {wanted} {} scalars",
             out.len(),
             out.width_bits(),
             header.dtype.name()
@@ -315,9 +340,9 @@ pub fn decode_into(stream: &[u8], out: BitsMut, prediction: Option<&Prediction>,
         }
     }
     match out {
-        BitsMut::U8(o) => decode_words(stream, &header, &model, o, prediction, threads),
-        BitsMut::U16(o) => decode_words(stream, &header, &model, o, prediction, threads),
-        BitsMut::U32(o) => decode_words(stream, &header, &model, o, prediction, threads),
+        BitsMut::U8(o) => decode_words(stream, &header, &model, o, prediction, threads, chunks.start),
+        BitsMut::U16(o) => decode_words(stream, &header, &model, o, prediction, threads, chunks.start),
+        BitsMut::U32(o) => decode_words(stream, &header, &model, o, prediction, threads, chunks.start),
     }?;
     Ok(header)
 }

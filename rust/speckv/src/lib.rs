@@ -26,7 +26,7 @@ pub mod prediction;
 pub mod words;
 
 pub use chunk::ModelKind;
-pub use codec::{decode_into, encode, ideal_bits, info, EncodeOptions};
+pub use codec::{decode_chunks_into, decode_into, encode, ideal_bits, info, EncodeOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use prediction::{Prediction, SigmaCodes};

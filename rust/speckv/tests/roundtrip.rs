@@ -2,7 +2,10 @@
 
 use speckv::codec::EncodeOptions;
 use speckv::model::ladder::sigma_code;
-use speckv::{decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes};
+use speckv::{
+    decode_chunks_into, decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, ModelKind, Prediction,
+    SigmaCodes,
+};
 
 mod common;
 
@@ -52,6 +55,16 @@ fn predicted_bf16_round_trip(model: ModelKind) {
         decode_into(&one, BitsMut::U16(&mut out), Some(&pred), threads).unwrap();
         assert_eq!(out, x);
     }
+    // any run of chunks decodes on its own to the same scalars
+    for (a, b) in [(0usize, 1usize), (3, 5), (9, 10), (4, 4)] {
+        let range = a * 20_000..(b * 20_000).min(x.len());
+        let mut part = vec![0u16; range.len()];
+        decode_chunks_into(&one, BitsMut::U16(&mut part), Some(&pred), 2, Some(a..b)).unwrap();
+        assert_eq!(part, x[range]);
+    }
+    let mut wrong = vec![0u16; 5];
+    assert!(decode_chunks_into(&one, BitsMut::U16(&mut wrong), Some(&pred), 1, Some(0..1)).is_err());
+    assert!(decode_chunks_into(&one, BitsMut::U16(&mut wrong), Some(&pred), 1, Some(2..11)).is_err());
     let ideal = ideal_bits(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
     let header = info(&one).unwrap();
     let payload: u64 = header.chunks.iter().map(|c| c.length as u64).sum();
