@@ -133,13 +133,23 @@ def evaluate(
             stored_all = []
             layer_bits = torch.zeros(n_layers, 2, dtype=torch.float64)
             if header["layout"] == "stacked":
-                # chunk i of the keys (values) stream is layer i; its header is shared out evenly
+                # A chunk holds `layers_per_chunk` layers: its bytes (and a share of the stream
+                # header) go to them in proportion to their ideal code lengths under speckv's
+                # own model.
+                per_chunk = int(header["layers_per_chunk"])
                 for which in (0, 1):
                     o, n = header["streams"][which]
                     info = _api.info(payload[o : o + n])
-                    share = info["header_bytes"] / n_layers
-                    for layer, nbytes in enumerate(info["chunk_bytes"]):
-                        layer_bits[layer, which] = (nbytes + share) * 8
+                    share = info["header_bytes"] / len(info["chunk_bytes"])
+                    own = []
+                    for layer in range(n_layers):
+                        x, mu, sigma = codec._targets(mode, layer, which, true[layer][which], pred[layer][which])
+                        own.append(_api.ideal_bits(x, mu, sigma))
+                    for c, nbytes in enumerate(info["chunk_bytes"]):
+                        members = range(c * per_chunk, min((c + 1) * per_chunk, n_layers))
+                        total = sum(own[m] for m in members) or 1.0
+                        for m in members:
+                            layer_bits[m, which] = (nbytes + share) * 8 * own[m] / total
             else:
                 for layer in range(n_layers):
                     for which in (0, 1):
