@@ -28,7 +28,6 @@ pub trait Word: Copy + Send + Sync + Default + 'static {
     }
 
     fn from_u32(v: u32) -> Self;
-    fn as_bytes(slice: &[Self]) -> &[u8];
 }
 
 macro_rules! impl_word {
@@ -42,16 +41,6 @@ macro_rules! impl_word {
             #[inline(always)]
             fn from_u32(v: u32) -> Self {
                 v as $t
-            }
-            fn as_bytes(slice: &[Self]) -> &[u8] {
-                // SAFETY:
-                // - the pointer and length come from a valid slice of `$t`, a plain integer
-                //   type with no padding and no invalid bit patterns, so every byte is
-                //   initialised and readable as `u8`;
-                // - `u8` has alignment 1, and the byte length `size_of_val(slice)` cannot
-                //   overflow because the slice already occupies that many bytes;
-                // - the returned slice borrows `slice`, so it cannot outlive the data.
-                unsafe { std::slice::from_raw_parts(slice.as_ptr() as *const u8, std::mem::size_of_val(slice)) }
             }
         }
     };
