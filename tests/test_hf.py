@@ -195,3 +195,22 @@ def test_demo_model_end_to_end():
     assert 1.5 < fp8["bits_per_scalar"]["with_container"] < 4.0
     assert bf16["coded_over_reference_ideal"] < 1.03
     assert bf16["zstd19_over_coded"] > 1.5
+
+
+def test_a_plain_predictor_without_describe(calibrated):
+    """The protocol needs only predict(); such a predictor is recorded by its class name."""
+    model, codec = calibrated
+
+    class Shifted:
+        def predict(self, input_ids):
+            return [(k + 0.01, v) for k, v in codec.predictor.predict(input_ids)]
+
+    custom = SpeculativeCodec(model, None, Shifted(), fingerprint=codec.fingerprint)
+    custom.calibrate([ids(64, s) for s in range(2)])
+    assert custom.calibration.metadata["predictor"] == {
+        "name": "test_a_plain_predictor_without_describe.<locals>.Shifted"
+    }
+    prompt = ids(24, 31)
+    cache = prefill(model, prompt)
+    back = extract_kv(custom.decompress(custom.compress(cache, prompt, "bf16"), prompt))
+    assert all(torch.equal(k.view(torch.int16), k2.view(torch.int16)) for (k, _), (k2, _) in zip(cache, back))

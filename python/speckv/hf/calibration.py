@@ -14,7 +14,7 @@ import torch
 
 from .._speckv import PredictionMismatchError
 from .cache import KV, prefill
-from .predictors import FP8_MAX, Predictor
+from .predictors import FP8_MAX, Predictor, describe
 
 CALIBRATION_FORMAT = 1
 
@@ -107,9 +107,9 @@ class Calibration:
                 "calibration was made for another model "
                 f"(fingerprint {self.metadata.get('model_fingerprint')}, this model {fingerprint})"
             )
-        if predictor is not None and self.metadata.get("predictor") != predictor.describe():
+        if predictor is not None and self.metadata.get("predictor") != describe(predictor):
             raise CalibrationMismatchError(
-                f"calibration was made with predictor {self.metadata.get('predictor')}, not {predictor.describe()}"
+                f"calibration was made with predictor {self.metadata.get('predictor')}, not {describe(predictor)}"
             )
 
 
@@ -165,7 +165,7 @@ def calibrate(
     metadata = {
         "format": CALIBRATION_FORMAT,
         "model_fingerprint": fingerprint,
-        "predictor": predictor.describe(),
+        "predictor": describe(predictor),
         "speckv_version": __version__,
         "samples": len(samples),
         "tokens": tokens,

@@ -35,7 +35,7 @@ from .. import _api
 from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
 from .cache import build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
-from .predictors import Fp8Predictor, Predictor
+from .predictors import Fp8Predictor, Predictor, describe
 
 MAGIC = b"SPKC"
 CONTAINER_VERSION = 1
@@ -211,7 +211,7 @@ class SpeculativeCodec:
             "layers": len(kv),
             "model": self.fingerprint,
             "calibration": cal.digest(),
-            "predictor": self.predictor.describe(),
+            "predictor": describe(self.predictor),
             "prompt": prompt_digest(input_ids),
             "streams": [],
         }
@@ -264,9 +264,9 @@ class SpeculativeCodec:
         ):
             if header.get(key) != mine:
                 raise CalibrationMismatchError(f"the stream was made with another {what}")
-        if header.get("predictor") != self.predictor.describe():
+        if header.get("predictor") != describe(self.predictor):
             raise CalibrationMismatchError(
-                f"the stream was made with predictor {header.get('predictor')}, not {self.predictor.describe()}"
+                f"the stream was made with predictor {header.get('predictor')}, not {describe(self.predictor)}"
             )
 
     def _decode(

@@ -24,13 +24,21 @@ FP8_MAX = 448.0
 
 @runtime_checkable
 class Predictor(Protocol):
-    """Predicts the per-layer ``(K, V)`` of a prompt, shaped like the true cache."""
+    """Predicts the per-layer ``(K, V)`` of a prompt, shaped like the true cache.
+
+    A predictor may also have ``describe() -> dict``: the settings that determine its
+    predictions, recorded in calibrations and streams so that a decoder with other settings
+    is refused. Without it, the class name is recorded."""
 
     def predict(self, input_ids: torch.Tensor) -> KV: ...
 
-    def describe(self) -> dict[str, Any]:
-        """Settings that determine the predictions (recorded in calibrations and streams)."""
-        ...
+
+def describe(predictor: Predictor) -> dict[str, Any]:
+    """``predictor.describe()``, or its class name for predictors that do not say more."""
+    method = getattr(predictor, "describe", None)
+    if callable(method):
+        return dict(method())
+    return {"name": type(predictor).__qualname__}
 
 
 @contextlib.contextmanager
