@@ -241,8 +241,12 @@ class SpeculativeCodec:
             header = json.loads(blob)
             spans = [(int(o), int(n)) for o, n in header["streams"]]
             mode = header["mode"]
+            layers = int(header["layers"])
+            per_chunk = int(header.get("layers_per_chunk", 1))
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptStreamError(f"cache container header: {e}") from None
+        if layers < 0 or per_chunk < 1:
+            raise CorruptStreamError("cache container header: bad layer counts")
         payload = view[20 + length :]
         expected = 0
         for o, n in spans:
