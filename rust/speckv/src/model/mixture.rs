@@ -119,10 +119,14 @@ impl MixtureCdf {
         // Position on the grid in fixed point (node index . 16 fraction bits); t >= 0, so the
         // conversion is a floor, and t <= N < 2^12 keeps it far inside i64.
         let t = ((z + self.half_width) * STEPS_PER_Z).clamp(0.0, last);
-        let fixed = (t * (1u32 << FRACTION_BITS) as f64) as i64;
+        // SAFETY (to_int_unchecked): `t * 2^16` is finite and in [0, 2^28]: `t` was clamped to
+        // [0, last] with `last < 2^12` (a NaN `z` cannot occur: `z` is a product of finite
+        // values, and `clamp` would return NaN only for a NaN input).
+        let fixed = unsafe { (t * (1u32 << FRACTION_BITS) as f64).to_int_unchecked::<i64>() };
         let i = (fixed >> FRACTION_BITS) as usize;
         let fraction = (fixed & ((1 << FRACTION_BITS) - 1)) as u64;
-        let (a, b) = (self.nodes[i], self.nodes[i + 1]);
+        // SAFETY (get_unchecked): `i <= last = nodes.len() - 2`, so `i + 1 < nodes.len()`.
+        let (a, b) = unsafe { (*self.nodes.get_unchecked(i), *self.nodes.get_unchecked(i + 1)) };
         a + (((b - a) as u64 * fraction) >> FRACTION_BITS) as u32
     }
 
