@@ -4,11 +4,15 @@ A cheap predictor (by default an fp8-quantised copy of the model) predicts the c
 prompt; the true cache is coded against that prediction with per-channel sigmas measured on
 calibration text, and decoded back bit for bit by running the same predictor.
 
->>> from speckv.hf import SpeculativeCodec, load_demo_model          # doctest: +SKIP
->>> model, tokenizer = load_demo_model()                              # doctest: +SKIP
->>> codec = SpeculativeCodec(model)                                   # doctest: +SKIP
->>> codec.calibrate(tokenizer, bundled_text("calibration"))           # doctest: +SKIP
->>> data = codec.compress(cache, input_ids, dtype="bf16")             # doctest: +SKIP
+>>> from speckv.hf import SpeculativeCodec, bundled_text, load_demo_model   # doctest: +SKIP
+>>> from speckv.hf.cache import prefill                                      # doctest: +SKIP
+>>> from speckv.hf.demo import prompts                                       # doctest: +SKIP
+>>> model, tokenizer = load_demo_model()                                     # doctest: +SKIP
+>>> codec = SpeculativeCodec(model)                                          # doctest: +SKIP
+>>> codec.calibrate(prompts(tokenizer, bundled_text("calibration"), 512, 32))  # doctest: +SKIP
+>>> input_ids = prompts(tokenizer, bundled_text("evaluation"), 512, 1)[0]    # doctest: +SKIP
+>>> cache = prefill(model, input_ids)                                        # doctest: +SKIP
+>>> data = codec.compress(cache, input_ids, dtype="bf16")                    # doctest: +SKIP
 >>> cache2 = codec.decompress(data, input_ids)                        # doctest: +SKIP
 """
 

@@ -11,8 +11,7 @@ import torch
 
 from .. import _api
 from .cache import KV, extract_kv, prefill
-from .calibration import fp8_quantize
-from .codec import MODES, SpeculativeCodec
+from .codec import SpeculativeCodec
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)
 
@@ -61,12 +60,6 @@ def reference_ideal_bits(x: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor)
     p = _normal_mass((lo - m) / s, (hi - m) / s).clamp(min=2.0**-24)
     p = torch.where(torch.isfinite(v), p, torch.full_like(p, 2.0**-24))
     return float(-torch.log2(p).sum())
-
-
-def _stored(codec: SpeculativeCodec, mode: str, layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
-    if mode == "fp8":
-        return fp8_quantize(t, float(codec._calibration().fp8_scales[layer, which]))
-    return t.to(MODES[mode])
 
 
 def _zstd_bits(tensors: list[torch.Tensor]) -> float | None:
@@ -130,6 +123,12 @@ def evaluate(
             acc["decode_s"] += t5 - t4
             acc["bytes"] += len(data)
             header, payload = codec.read_header(data)
+            # (stored tensor, mu, sigma) of every layer's K and V, as the codec coded them
+            targets = {
+                (layer, which): codec._targets(mode, layer, which, true[layer][which], pred[layer][which])
+                for layer in range(n_layers)
+                for which in (0, 1)
+            }
             stored_all = []
             layer_bits = torch.zeros(n_layers, 2, dtype=torch.float64)
             if header["layout"] == "stacked":
@@ -143,8 +142,7 @@ def evaluate(
                     share = info["header_bytes"] / len(info["chunk_bytes"])
                     own = []
                     for layer in range(n_layers):
-                        x, mu, sigma = codec._targets(mode, layer, which, true[layer][which], pred[layer][which])
-                        own.append(_api.ideal_bits(x, mu, sigma))
+                        own.append(_api.ideal_bits(*targets[layer, which]))
                     for c, nbytes in enumerate(info["chunk_bytes"]):
                         members = range(c * per_chunk, min((c + 1) * per_chunk, n_layers))
                         total = sum(own[m] for m in members) or 1.0
@@ -156,12 +154,11 @@ def evaluate(
                         layer_bits[layer, which] = header["streams"][2 * layer + which][1] * 8
             for layer in range(n_layers):
                 for which in (0, 1):
-                    stored = _stored(codec, mode, layer, which, true[layer][which])
+                    stored, mu, sigma = targets[layer, which]
                     stored_all.append(stored)
                     got = back[layer][which]
                     word = torch.int16 if stored.element_size() == 2 else torch.uint8
                     acc["exact"] &= bool(torch.equal(stored.view(word), got.view(word)))
-                    _, mu, sigma = codec._targets(mode, layer, which, None, pred[layer][which])
                     acc["ideal_bits"][layer, which] += reference_ideal_bits(stored, mu, sigma)
                     acc["coded_bits"][layer, which] += layer_bits[layer, which]
                     acc["scalars"][layer, which] += stored.numel()

@@ -1,7 +1,7 @@
 //! The whole-tensor API: encode, decode, ideal code length, stream info.
 
 use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES};
-use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder};
+use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
 use crate::format::checksum::{checksum, Hasher};
 use crate::format::header::{
@@ -110,6 +110,40 @@ fn fingerprint_of(chunks: &[ChunkEntry]) -> u64 {
     h.finish()
 }
 
+/// Number of scalars in `shape`, after checking that `x` and the prediction fit it.
+fn checked_scalars(x: Bits, dtype: DType, shape: &[u64], prediction: Option<&Prediction>) -> Result<usize> {
+    let n = shape_scalars(shape)? as usize;
+    x.check(dtype, n, "x")?;
+    if let Some(p) = prediction {
+        check_prediction(shape, n, p)?;
+    }
+    Ok(n)
+}
+
+/// Codes scalars `range` of `x` into `lanes` (coders or meters), against the prediction if
+/// any, and returns the chunk's prediction fingerprint (0 without one).
+fn code_chunk<W: Word, S: SymbolSink>(
+    model: &StreamModel,
+    lanes: &mut [S; LANES],
+    x: &[W],
+    prediction: Option<&Prediction>,
+    range: std::ops::Range<usize>,
+) -> u64 {
+    match prediction {
+        Some(p) => {
+            let mu = &p.mu[range.clone()];
+            let mut codes = Vec::new();
+            let fingerprint = codes_and_fingerprint(mu, &p.sigma, range.start, &mut codes);
+            model.encode_predicted(lanes, &x[range], mu, &codes);
+            fingerprint
+        }
+        None => {
+            model.encode_raw(lanes, &x[range.clone()], range.start);
+            0
+        }
+    }
+}
+
 /// Encodes the scalars `x` (bit patterns of `dtype`, C order, `shape`) into a stream.
 pub fn encode(
     x: Bits,
@@ -118,11 +152,7 @@ pub fn encode(
     prediction: Option<&Prediction>,
     options: &EncodeOptions,
 ) -> Result<Vec<u8>> {
-    let n = shape_scalars(shape)? as usize;
-    x.check(dtype, n, "x")?;
-    if let Some(p) = prediction {
-        check_prediction(shape, n, p)?;
-    }
+    let n = checked_scalars(x, dtype, shape, prediction)?;
     if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
         return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
     }
@@ -134,19 +164,7 @@ pub fn encode(
             let range = i * chunk..((i + 1) * chunk).min(n);
             let words = range.len() * dtype.bits() as usize / 128 + 4;
             let mut enc = [RangeEncoder::with_capacity_words(words), RangeEncoder::with_capacity_words(words)];
-            let fingerprint = match prediction {
-                Some(p) => {
-                    let mu = &p.mu[range.clone()];
-                    let mut codes = Vec::new();
-                    let fp = codes_and_fingerprint(mu, &p.sigma, range.start, &mut codes);
-                    model.encode_predicted(&mut enc, &x[range.clone()], mu, &codes);
-                    fp
-                }
-                None => {
-                    model.encode_raw(&mut enc, &x[range.clone()], range.start);
-                    0
-                }
-            };
+            let fingerprint = code_chunk(&model, &mut enc, x, prediction, range);
             Ok((join_lanes(enc), fingerprint))
         })?
     });
@@ -195,11 +213,7 @@ pub fn ideal_bits(
     prediction: Option<&Prediction>,
     options: &EncodeOptions,
 ) -> Result<f64> {
-    let n = shape_scalars(shape)? as usize;
-    x.check(dtype, n, "x")?;
-    if let Some(p) = prediction {
-        check_prediction(shape, n, p)?;
-    }
+    let n = checked_scalars(x, dtype, shape, prediction)?;
     let model = stream_model(dtype, shape, options.params, options.model)?;
     let chunk = options.chunk_scalars.clamp(1, MAX_CHUNK_SCALARS) as usize;
     let n_chunks = n.div_ceil(chunk);
@@ -207,15 +221,7 @@ pub fn ideal_bits(
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
             let mut meter = [IdealMeter::default(), IdealMeter::default()];
-            match prediction {
-                Some(p) => {
-                    let mu = &p.mu[range.clone()];
-                    let mut codes = Vec::new();
-                    codes_and_fingerprint(mu, &p.sigma, range.start, &mut codes);
-                    model.encode_predicted(&mut meter, &x[range.clone()], mu, &codes)
-                }
-                None => model.encode_raw(&mut meter, &x[range.clone()], range.start),
-            }
+            code_chunk(&model, &mut meter, x, prediction, range);
             Ok(meter[0].bits + meter[1].bits)
         })?
     });

@@ -92,25 +92,14 @@ impl DType {
     /// Signed ordinal of a bit pattern: monotone in the value for non-NaN patterns.
     #[inline(always)]
     pub fn ordinal(self, bits: u32) -> i64 {
-        let sign_shift = self.bits() - 1;
-        let magnitude = (bits & ((1u32 << sign_shift) - 1)) as i64;
-        if bits >> sign_shift & 1 == 0 {
-            magnitude
-        } else {
-            -magnitude - 1
-        }
+        ordinal_of(bits, self.bits())
     }
 
     /// Inverse of [`DType::ordinal`]. Ordinals outside the format's range wrap (only a corrupt
     /// stream can produce them, and the chunk checksum reports it).
     #[inline(always)]
     pub fn from_ordinal(self, ord: i64) -> u32 {
-        let sign_bit = 1u32 << (self.bits() - 1);
-        if ord >= 0 {
-            (ord as u32) & (sign_bit - 1)
-        } else {
-            (((-(ord + 1)) as u32) & (sign_bit - 1)) | sign_bit
-        }
+        pattern_of(ord, self.bits())
     }
 
     /// The biased exponent field of a pattern.
@@ -124,6 +113,23 @@ impl DType {
     pub fn ulp_log2(self, exponent_field: u32) -> i32 {
         exponent_field.max(1) as i32 - self.exponent_bias() - self.mantissa_bits() as i32
     }
+}
+
+/// Ordinal of a `width`-bit sign-magnitude pattern, without branches: a negative pattern's
+/// ordinal `-magnitude - 1` is the bitwise complement of its magnitude.
+#[inline(always)]
+pub(crate) fn ordinal_of(bits: u32, width: u32) -> i64 {
+    let bits = bits as i64;
+    let sign = -((bits >> (width - 1)) & 1);
+    (bits & ((1i64 << (width - 1)) - 1)) ^ sign
+}
+
+/// Inverse of `ordinal_of`; out-of-range ordinals wrap onto some pattern.
+#[inline(always)]
+pub(crate) fn pattern_of(ord: i64, width: u32) -> u32 {
+    let sign = ord >> 63;
+    let magnitude = (ord ^ sign) & ((1i64 << (width - 1)) - 1);
+    (magnitude | (sign & (1i64 << (width - 1)))) as u32
 }
 
 #[cfg(test)]

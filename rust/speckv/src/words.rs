@@ -1,6 +1,6 @@
 //! Typed views of the scalars' bit patterns: one, two or four bytes each.
 
-use crate::dtype::DType;
+use crate::dtype::{ordinal_of, pattern_of, DType};
 use crate::error::{invalid, Result};
 
 /// An element type holding one bit pattern.
@@ -9,22 +9,16 @@ pub trait Word: Copy + Send + Sync + Default + 'static {
     const BITS: u32;
     fn to_u32(self) -> u32;
 
-    /// Signed ordinal of a sign-magnitude pattern (see `DType::ordinal`), without branches:
-    /// a negative pattern's ordinal `-magnitude - 1` is the bitwise complement of its
-    /// magnitude.
+    /// Signed ordinal of the pattern (see `DType::ordinal`).
     #[inline(always)]
     fn ordinal(self) -> i64 {
-        let bits = self.to_u32() as i64;
-        let sign = -((bits >> (Self::BITS - 1)) & 1);
-        (bits & ((1i64 << (Self::BITS - 1)) - 1)) ^ sign
+        ordinal_of(self.to_u32(), Self::BITS)
     }
 
     /// Inverse of `ordinal`; out-of-range ordinals wrap onto some pattern.
     #[inline(always)]
     fn from_ordinal(ord: i64) -> Self {
-        let sign = ord >> 63;
-        let magnitude = (ord ^ sign) & ((1i64 << (Self::BITS - 1)) - 1);
-        Self::from_u32((magnitude | (sign & (1i64 << (Self::BITS - 1)))) as u32)
+        Self::from_u32(pattern_of(ord, Self::BITS))
     }
 
     fn from_u32(v: u32) -> Self;

@@ -1,16 +1,8 @@
 use super::*;
 
-/// Small deterministic generator so the tests need no dependency and never change.
-pub(crate) struct SplitMix(pub u64);
-impl SplitMix {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::Rng as SplitMix;
 
 /// A skewed distribution with total 2^precision and every frequency >= 1.
 fn skewed_cdf(n: u32, precision: u32) -> Vec<u32> {

@@ -83,8 +83,7 @@ pub struct ScaleMap {
     exponent_offset: Vec<i32>,
     min_code: i32,
     max_code: i32,
-    choices: Vec<TableChoice>,
-    /// The same choices packed as `prediction::choice_word` does.
+    /// Table choice per clamped scale code, packed as `prediction::choice_word` does.
     packed: Vec<u16>,
     mantissa_bits: u32,
     exponent_mask: u32,
@@ -105,12 +104,11 @@ impl ScaleMap {
                 TableChoice { table: table as u16, shift: shift as u8 }
             })
             .collect();
-        let packed = choices.iter().map(|&c| crate::prediction::choice_word(c)).collect();
+        let packed = choices.into_iter().map(crate::prediction::choice_word).collect();
         ScaleMap {
             exponent_offset,
             min_code,
             max_code,
-            choices,
             packed,
             mantissa_bits: dtype.mantissa_bits(),
             exponent_mask: (1 << dtype.exponent_bits()) - 1,
@@ -125,11 +123,13 @@ impl ScaleMap {
         self.packed[(code - self.min_code) as usize]
     }
 
-    #[inline(always)]
+    /// The same choice, unpacked, for a prediction with this exponent field.
     pub fn choose(&self, sigma_code: i16, exponent_field: u32) -> TableChoice {
-        let offset = self.exponent_offset[exponent_field as usize & (self.exponent_offset.len() - 1)];
-        let code = (sigma_code as i32 + offset).clamp(self.min_code, self.max_code);
-        self.choices[(code - self.min_code) as usize]
+        let word = self.choose_packed(sigma_code, exponent_field << self.mantissa_bits);
+        TableChoice {
+            table: word & crate::prediction::CHOICE_TABLE_MASK,
+            shift: (word >> crate::prediction::CHOICE_SHIFT_POS) as u8,
+        }
     }
 }
 

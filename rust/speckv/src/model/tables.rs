@@ -53,8 +53,6 @@ struct TableMeta {
 pub struct TableBank {
     params: ModelParams,
     metas: Vec<TableMeta>,
-    radii: Vec<i32>,
-    cdf_offsets: Vec<usize>,
     cdfs: Vec<u32>,
     lookups: Vec<u16>,
     digest: u64,
@@ -86,15 +84,8 @@ impl TableBank {
         let total = 1u64 << precision;
         let w_narrow = params.weight_narrow as f64 / 65536.0;
         let w_wide = params.weight_wide as f64 / 65536.0;
-        let mut bank = TableBank {
-            params: *params,
-            metas: Vec::new(),
-            radii: Vec::new(),
-            cdf_offsets: Vec::new(),
-            cdfs: Vec::new(),
-            lookups: Vec::new(),
-            digest: 0,
-        };
+        let mut bank =
+            TableBank { params: *params, metas: Vec::new(), cdfs: Vec::new(), lookups: Vec::new(), digest: 0 };
         for t in 0..params.n_tables() {
             let code = params.min_scale_code() + t as i32;
             let scale = libm::exp2(code as f64 / STEPS_PER_OCTAVE as f64);
@@ -127,9 +118,8 @@ impl TableBank {
                 }
                 k += 1;
             }
-            bank.radii.push(radius);
-            bank.cdf_offsets.push(bank.cdfs.len());
             let start = bank.cdfs.len();
+            bank.metas.push(TableMeta { radius, cdf_start: start as u32 });
             bank.cdfs.push(0);
             let mut acc = 0u64;
             for f in &freqs {
@@ -147,13 +137,9 @@ impl TableBank {
                 bank.lookups.push(symbol as u16);
             }
         }
-        bank.cdf_offsets.push(bank.cdfs.len());
-        bank.metas = (0..bank.radii.len())
-            .map(|t| TableMeta { radius: bank.radii[t], cdf_start: bank.cdf_offsets[t] as u32 })
-            .collect();
         let mut h = Hasher::new();
-        for r in &bank.radii {
-            h.update(&r.to_le_bytes());
+        for meta in &bank.metas {
+            h.update(&meta.radius.to_le_bytes());
         }
         for c in &bank.cdfs {
             h.update(&c.to_le_bytes());
@@ -172,11 +158,11 @@ impl TableBank {
     }
 
     pub fn len(&self) -> usize {
-        self.radii.len()
+        self.metas.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.radii.is_empty()
+        self.metas.is_empty()
     }
 
     /// The encoder's one question: `(cum, freq)` of residual `symbol - R` in table `index`,
@@ -219,7 +205,9 @@ impl TableBank {
 
     #[inline(always)]
     pub fn table(&self, index: usize) -> Table<'_> {
-        Table { radius: self.radii[index], cdf: &self.cdfs[self.cdf_offsets[index]..self.cdf_offsets[index + 1]] }
+        let meta = self.metas[index];
+        let start = meta.cdf_start as usize;
+        Table { radius: meta.radius, cdf: &self.cdfs[start..start + 2 * meta.radius as usize + 3] }
     }
 }
 
