@@ -121,8 +121,13 @@ def test_huge_shape_is_refused_without_allocating():
 
 def test_unknown_version_and_flags():
     _, pred, stream = small_case()
-    with pytest.raises(speckv.UnsupportedStreamError, match="version"):
-        speckv.decode(stream[:4] + b"\x02\x00" + stream[6:], *pred)
+    for version in (0, speckv.FORMAT_VERSION + 1):
+        with pytest.raises(speckv.UnsupportedStreamError, match=f"format version {version}"):
+            speckv.decode(stream[:4] + struct.pack("<H", version) + stream[6:], *pred)
+    with pytest.raises(speckv.UnsupportedStreamError, match="8 coder lanes"):
+        speckv.decode(forge(stream, lambda h: h.__setitem__(10, 8)), *pred)
+    with pytest.raises(speckv.CorruptStreamError, match="reserved"):
+        speckv.decode(forge(stream, lambda h: h.__setitem__(11, 1)), *pred)
     with pytest.raises(speckv.UnsupportedStreamError, match="flags"):
         speckv.decode(forge(stream, lambda h: h.__setitem__(7, 0x80)), *pred)
     with pytest.raises(speckv.UnsupportedStreamError, match="magic"):
@@ -187,26 +192,51 @@ def test_threads_from_environment(monkeypatch):
         speckv.encode(x)
 
 
-def test_golden_stream_freezes_format_v1():
-    """A change here is a format change: bump FORMAT_VERSION and keep reading v1."""
+def _golden_case():
     x = np.array([[1.0, -2.5, 0.0, np.nan], [1e-40, np.inf, -0.0, 65504.0]], dtype=np.float32).astype(
         ml_dtypes.bfloat16
     )
     mu = np.array([[1.01, -2.4, 0.001, 0.0], [0.0, 1.0, 0.0, 6e4]], dtype=np.float32)
     sigma = np.array([0.01, 0.1, 0.001, 100.0], dtype=np.float32)
+    return x, mu, sigma
+
+
+def test_golden_stream_freezes_format_v2():
+    """A change here is a format change: bump FORMAT_VERSION and keep reading the old ones."""
+    x, mu, sigma = _golden_case()
     stream = speckv.encode(x, mu, sigma)
     assert xxhash.xxh3_64_hexdigest(stream) == GOLDEN_PREDICTED, xxhash.xxh3_64_hexdigest(stream)
-    assert speckv.decode(bytes.fromhex(GOLDEN_HEX), mu, sigma).view(np.uint16).tolist() == x.view(np.uint16).tolist()
+    assert stream.hex() == GOLDEN_HEX
+    assert speckv.info(stream)["version"] == 2 and speckv.info(stream)["lanes"] == 4
     free = speckv.encode(x)
     assert xxhash.xxh3_64_hexdigest(free) == GOLDEN_FREE, xxhash.xxh3_64_hexdigest(free)
     fast = speckv.encode(x, mu, sigma, model="fast")
     assert xxhash.xxh3_64_hexdigest(fast) == GOLDEN_FAST, xxhash.xxh3_64_hexdigest(fast)
 
 
-GOLDEN_PREDICTED = "2beb4e5e0e2f2601"
-GOLDEN_FAST = "db3278c66ac07456"
-GOLDEN_FREE = "d8e8959202e66a53"
+def test_format_v1_streams_still_decode():
+    """Version 1 (two coder lanes, the same models) was written by speckv 0.1 before the
+    coder-throughput work; its streams must keep decoding."""
+    x, mu, sigma = _golden_case()
+    v1 = bytes.fromhex(GOLDEN_HEX_V1)
+    meta = speckv.info(v1)
+    assert (meta["version"], meta["lanes"], meta["model"]) == (1, 2, "exact")
+    assert speckv.decode(v1, mu, sigma).view(np.uint16).tolist() == x.view(np.uint16).tolist()
+    with pytest.raises(speckv.PredictionMismatchError):
+        speckv.decode(v1, mu + 1, sigma)
+
+
+GOLDEN_PREDICTED = "6c8cd54e7ab9c686"
+GOLDEN_FAST = "a3018c93f46f4b1f"
+GOLDEN_FREE = "561e3f3a8ca80a93"
 GOLDEN_HEX = (
+    "53504b5602000100010204000000020008000000000000000200000000000000040000000000000018fc0618b2fd3e02"
+    "100003031800800004000000040000004883540cb0e07dea9081c27a3c5f401a01000000000000008000000000000000"
+    "2400000000000000a28f1a45d8a6a472ad3a9a5c7686b6ae8bf616620c22f281040000000400000008000000e0a77232"
+    "124aa52b7f49b327f69719b410f5bcff22b58d6b"
+)
+# The same tensor, prediction and model written by format version 1 (speckv 0.1).
+GOLDEN_HEX_V1 = (
     "53504b5601000100010200000000020008000000000000000200000000000000040000000000000018fc0618b2fd3e02"
     "100003031800800004000000040000004883540cb0e07dea9081c27a3c5f401a01000000000000008000000000000000"
     "1c00000000000000738bee3cb12a59f7ad3a9a5c7686b6aedee9267bea64499e0c00000055fcf22446039a6d0083b5f5"

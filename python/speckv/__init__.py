@@ -15,7 +15,7 @@ coder driven by a Gaussian mixture around the guess stores the true value in a f
 True
 """
 
-from ._api import THREADS_ENV, decode, encode, ideal_bits, info
+from ._api import THREADS_ENV, decode, encode, ideal_bits, info, sigma_codes
 from ._arrays import SUPPORTED_DTYPES
 from ._speckv import (
     FORMAT_VERSION,
@@ -41,4 +41,5 @@ __all__ = [
     "encode",
     "ideal_bits",
     "info",
+    "sigma_codes",
 ]

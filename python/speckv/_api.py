@@ -8,7 +8,6 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _arrays, _speckv
-from ._speckv import PredictionMismatchError
 
 THREADS_ENV = "SPECKV_NUM_THREADS"
 
@@ -39,12 +38,16 @@ def resolve_threads(threads: int | None) -> int:
     return int(threads)
 
 
-def _prediction(
-    shape: tuple[int, ...], name: str, mu: Any, sigma: Any
-) -> tuple[np.ndarray | None, np.ndarray | None, list[int] | None]:
-    """mu as flat float32; sigma as int16 codes plus broadcast strides."""
+def _prediction(mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, ...]:
+    """The extension's prediction arguments: mu as flat float32 with its shape, sigma (float32
+    values or int16 codes) flat with the shape it broadcasts from. Shapes are checked against
+    the tensor's in the extension, in the same call that codes."""
+    if sigma is not None and sigma_codes is not None:
+        raise ValueError("give sigma or sigma_codes, not both")
+    if sigma_codes is not None:
+        sigma = sigma_codes
     if mu is None and sigma is None:
-        return None, None, None
+        return None, None, None, None
     if mu is None:
         raise ValueError("sigma was given without mu: give both or neither")
     if sigma is None:
@@ -52,27 +55,33 @@ def _prediction(
     mu_np = _arrays.to_numpy(mu)
     if mu_np.dtype.kind not in "fV" and mu_np.dtype.name not in _arrays.SUPPORTED_DTYPES:
         raise TypeError(f"mu: expected a floating-point array, got dtype {mu_np.dtype}")
-    if tuple(mu_np.shape) != shape:
-        raise ValueError(f"mu: shape {tuple(mu_np.shape)} differs from x's shape {shape}")
     # Rounded to float32 once, here: finer than any 8/16-bit target's grid, so a prediction
     # that falls between two representable values keeps that information.
     with np.errstate(over="ignore", invalid="ignore"):
         mu_words = np.ascontiguousarray(mu_np, dtype=np.float32).reshape(-1)
-
     sigma_np = _arrays.to_numpy(sigma)
-    if sigma_np.dtype.kind not in "fiuV" and sigma_np.dtype.name not in _arrays.SUPPORTED_DTYPES:
-        raise TypeError(f"sigma: expected positive floats, got dtype {sigma_np.dtype}")
-    sigma_np = np.asarray(sigma_np, dtype=np.float32)
-    try:
-        broadcast = np.broadcast_shapes(sigma_np.shape, shape)
-    except ValueError:
-        broadcast = None
-    if broadcast != shape:
-        raise ValueError(f"sigma: shape {sigma_np.shape} does not broadcast to x's shape {shape}")
-    codes = _speckv.sigma_codes(np.ascontiguousarray(sigma_np).reshape(-1)).reshape(sigma_np.shape)
-    view = np.broadcast_to(codes, shape)
-    strides = [s // codes.itemsize for s in view.strides]
-    return mu_words, np.ascontiguousarray(codes).reshape(-1), strides
+    if sigma_codes is not None:
+        if sigma_np.dtype != np.int16:
+            raise TypeError(f"sigma_codes: expected int16 codes (see speckv.sigma_codes), got dtype {sigma_np.dtype}")
+        values = np.ascontiguousarray(sigma_np).reshape(-1)
+    else:
+        if sigma_np.dtype.kind not in "fiuV" and sigma_np.dtype.name not in _arrays.SUPPORTED_DTYPES:
+            raise TypeError(f"sigma: expected positive floats, got dtype {sigma_np.dtype}")
+        values = np.ascontiguousarray(sigma_np, dtype=np.float32).reshape(-1)
+    return mu_words, list(mu_np.shape), values, list(sigma_np.shape)
+
+
+def sigma_codes(sigma: Any) -> np.ndarray:
+    """The integer form of `sigma` the coder uses: ``round(8 log2 sigma)`` per value, as int16,
+    same shape. Pass it as ``sigma_codes=`` to `encode`/`decode`/`ideal_bits` to skip the
+    conversion (or to feed codes that another producer, e.g. a GPU kernel, computed).
+
+    >>> import numpy as np, speckv
+    >>> speckv.sigma_codes(np.array([1.0, 0.5, 0.01], dtype=np.float32)).tolist()
+    [0, -8, -53]
+    """
+    arr = np.asarray(_arrays.to_numpy(sigma), dtype=np.float32)
+    return _speckv.sigma_codes(np.ascontiguousarray(arr).reshape(-1)).reshape(arr.shape)
 
 
 def _target(x: Any) -> tuple[np.ndarray, str]:
@@ -82,13 +91,12 @@ def _target(x: Any) -> tuple[np.ndarray, str]:
     return _arrays.to_numpy(x), name
 
 
-def _coding_args(x: Any, mu: Any, sigma: Any) -> tuple[Any, ...]:
+def _coding_args(x: Any, mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, ...]:
     """The positional arguments of the extension's encode / ideal_bits: x's words, dtype name,
-    shape, then mu and sigma as integers and float32."""
+    shape, then the prediction arguments of `_prediction`."""
     x_np, name = _target(x)
-    shape = tuple(int(d) for d in x_np.shape)
-    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
-    return _arrays.words_of(x_np, name), name, list(shape), mu_words, codes, strides
+    shape = [int(d) for d in x_np.shape]
+    return (_arrays.words_of(x_np, name), name, shape, *_prediction(mu, sigma, sigma_codes))
 
 
 def encode(
@@ -96,6 +104,7 @@ def encode(
     mu: Any = None,
     sigma: Any = None,
     *,
+    sigma_codes: Any = None,
     threads: int | None = None,
     chunk_size: int | None = None,
     model: Model = "exact",
@@ -104,15 +113,16 @@ def encode(
 
     `x` is a numpy array (ml_dtypes bfloat16 / float8, float16, float32) or a torch tensor.
     `mu` has x's shape and any float dtype (it is rounded to float32 once); `sigma` holds
-    positive floats broadcastable to x's shape (a per-channel vector is the usual case). Give
-    the same `mu` and `sigma` to `decode`. Without them, a predictor-free adaptive model is used.
+    positive floats broadcastable to x's shape (a per-channel vector is the usual case), or
+    give ``sigma_codes=`` (int16, from `sigma_codes`) instead. Give the same `mu` and `sigma`
+    to `decode`. Without them, a predictor-free adaptive model is used.
 
     `model` picks how predicted scalars are coded (the stream records it; `decode` needs no
     hint): ``"exact"`` integrates the Gaussian mixture over each value's rounding interval
     around the float32 `mu` (smallest output; the default), ``"fast"`` counts the residual in
-    ulps of `mu` rounded to x's dtype and codes it from precomputed tables (several times
-    faster to decode, a few percent larger where sigma spans binades). float32 always uses
-    ``"fast"``. `chunk_size` sets the scalars per independently coded chunk.
+    ulps of `mu` rounded to x's dtype and codes it from precomputed tables (faster to decode,
+    a few percent larger where sigma spans binades). float32 always uses ``"fast"``.
+    `chunk_size` sets the scalars per independently coded chunk.
 
     >>> import numpy as np, ml_dtypes, speckv
     >>> x = np.linspace(-1, 1, 4096, dtype=np.float32).astype(ml_dtypes.bfloat16)
@@ -121,7 +131,7 @@ def encode(
     True
     """
     return _speckv.encode(
-        *_coding_args(x, mu, sigma),
+        *_coding_args(x, mu, sigma, sigma_codes),
         threads=resolve_threads(threads),
         chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
         torch_hint=_arrays.is_torch(x),
@@ -141,8 +151,8 @@ def _stream_array(data: Any) -> np.ndarray:
 
 
 def info(data: Any) -> dict[str, Any]:
-    """Facts about a stream (validated header): version, dtype, shape, chunks, sizes, bits per
-    scalar."""
+    """Facts about a stream (validated header): version, dtype, shape, model, chunks, sizes,
+    bits per scalar."""
     return _speckv.info(_stream_array(data))
 
 
@@ -151,10 +161,12 @@ def decode(
     mu: Any = None,
     sigma: Any = None,
     *,
+    sigma_codes: Any = None,
     threads: int | None = None,
     chunks: tuple[int, int] | range | None = None,
 ) -> Any:
-    """Decompress a stream from `encode`, bit for bit, with the same `mu` and `sigma`.
+    """Decompress a stream from `encode`, bit for bit, with the same `mu` and `sigma` (or
+    ``sigma_codes``).
 
     With ``chunks=(start, stop)`` only those chunks are read and checked, and the result is
     the 1-D run of their scalars (chunk ``i`` holds scalars ``i * chunk_size`` onwards);
@@ -166,34 +178,20 @@ def decode(
     (or its subclass `ChecksumError`) if the bytes were damaged.
     """
     arr = _stream_array(data)
-    meta = _speckv.info(arr)
-    name = meta["dtype"]
-    shape = tuple(meta["shape"])
-    if mu is not None:
-        mu_shape = tuple(_arrays.to_numpy(mu).shape)
-        if mu_shape != shape:
-            raise PredictionMismatchError(f"mu: shape {mu_shape} differs from the stream's shape {shape}")
-    mu_words, codes, strides = _prediction(shape, name, mu, sigma)
     span = None
     if chunks is not None:
-        start, stop = (chunks.start, chunks.stop) if isinstance(chunks, range) else (int(chunks[0]), int(chunks[1]))
-        if not 0 <= start <= stop <= meta["chunks"]:
-            raise ValueError(f"chunks: ({start}, {stop}) is not within the stream's {meta['chunks']} chunks")
-        span = (start, stop)
-        size = meta["chunk_scalars"]
-        count = max(0, min(stop * size, meta["n_scalars"]) - start * size)
-        out = np.empty(count, dtype=_arrays.numpy_dtype(name))
-    else:
-        out = np.empty(shape, dtype=_arrays.numpy_dtype(name))
-    _speckv.decode_into(
+        span = (chunks.start, chunks.stop) if isinstance(chunks, range) else (int(chunks[0]), int(chunks[1]))
+        if min(span) < 0:
+            raise ValueError(f"chunks: {span} is not a range of chunk indices")
+    words, meta = _speckv.decode(
         arr,
-        out.reshape(-1).view(_arrays.word_dtype(name)),
-        mu_words,
-        codes,
-        strides,
+        *_prediction(mu, sigma, sigma_codes),
         threads=resolve_threads(threads),
         chunks=span,
     )
+    out = words.view(_arrays.numpy_dtype(meta["dtype"]))
+    if span is None:
+        out = out.reshape(meta["shape"])
     if meta["torch_hint"] or _arrays.is_torch(mu):
         try:
             return _arrays.to_torch(out)
@@ -202,12 +200,14 @@ def decode(
     return out
 
 
-def ideal_bits(x: Any, mu: Any = None, sigma: Any = None, *, model: Model = "exact") -> float:
+def ideal_bits(
+    x: Any, mu: Any = None, sigma: Any = None, *, sigma_codes: Any = None, model: Model = "exact"
+) -> float:
     """Bits a perfect coder would spend on `x` under exactly the model `encode` uses (payload
     only; headers and coder overhead excluded), so `8 * len(encode(...)) / ideal_bits(...)`
     is the real coder's overhead."""
     return _speckv.ideal_bits(
-        *_coding_args(x, mu, sigma),
+        *_coding_args(x, mu, sigma, sigma_codes),
         threads=resolve_threads(None),
         model=_check_model(model),
     )

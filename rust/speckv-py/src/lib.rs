@@ -2,7 +2,7 @@
 //! GIL, call the core, map the error. Array conversion (dtypes, broadcasting, torch) lives in
 //! the Python package; here arrays arrive as flat, C-contiguous integer arrays.
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -75,33 +75,94 @@ fn dtype(name: &str) -> PyResult<DType> {
     DType::from_name(name).map_err(|e| PyTypeError::new_err(format!("dtype: {e}")))
 }
 
-/// Extracted prediction arguments; `prediction()` borrows them for the core.
+/// A sigma argument: positive float32 values, or sigma codes already computed (the integer
+/// coding parameters; see `speckv::model::ladder::sigma_code`).
+enum SigmaValues<'py> {
+    Floats(PyReadonlyArray1<'py, f32>),
+    Codes(PyReadonlyArray1<'py, i16>),
+}
+
+impl<'py> SigmaValues<'py> {
+    fn extract(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(a) = obj.downcast::<PyArray1<f32>>() {
+            return Ok(SigmaValues::Floats(a.try_readonly()?));
+        }
+        if let Ok(a) = obj.downcast::<PyArray1<i16>>() {
+            return Ok(SigmaValues::Codes(a.try_readonly()?));
+        }
+        Err(PyTypeError::new_err("sigma: expected a 1-D float32 (values) or int16 (codes) numpy array"))
+    }
+}
+
+/// Extracted prediction arguments: `mu` (flat float32, with its shape) and sigma (flat, with
+/// the shape it broadcasts from). `prediction()` turns them into the core's integer coding
+/// parameters, against the tensor's shape.
 struct PredictionArgs<'py> {
     mu: PyReadonlyArray1<'py, f32>,
-    codes: PyReadonlyArray1<'py, i16>,
-    strides: Vec<usize>,
-    shape: Vec<usize>,
+    mu_shape: Vec<usize>,
+    sigma: SigmaValues<'py>,
+    sigma_shape: Vec<usize>,
+}
+
+/// Sigma codes owned by the call (computed from float sigma) or borrowed from the caller.
+enum Codes<'a> {
+    Owned(Vec<i16>),
+    Borrowed(&'a [i16]),
+}
+
+impl Codes<'_> {
+    fn as_slice(&self) -> &[i16] {
+        match self {
+            Codes::Owned(v) => v,
+            Codes::Borrowed(s) => s,
+        }
+    }
 }
 
 impl<'py> PredictionArgs<'py> {
     fn extract(
         mu: Option<PyReadonlyArray1<'py, f32>>,
-        sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
-        sigma_strides: Option<Vec<usize>>,
-        shape: &[u64],
+        mu_shape: Option<Vec<usize>>,
+        sigma: Option<&Bound<'py, PyAny>>,
+        sigma_shape: Option<Vec<usize>>,
     ) -> PyResult<Option<Self>> {
-        match (mu, sigma_codes, sigma_strides) {
-            (None, None, None) => Ok(None),
-            (Some(mu), Some(codes), Some(strides)) => {
-                Ok(Some(PredictionArgs { mu, codes, strides, shape: shape.iter().map(|&d| d as usize).collect() }))
+        match (mu, mu_shape, sigma, sigma_shape) {
+            (None, None, None, None) => Ok(None),
+            (Some(mu), Some(mu_shape), Some(sigma), Some(sigma_shape)) => {
+                Ok(Some(PredictionArgs { mu, mu_shape, sigma: SigmaValues::extract(sigma)?, sigma_shape }))
             }
-            _ => Err(PyValueError::new_err("mu, sigma_codes and sigma_strides go together")),
+            _ => Err(PyValueError::new_err("mu, mu_shape, sigma and sigma_shape go together")),
         }
     }
 
-    fn prediction(&self) -> PyResult<Prediction<'_>> {
-        let codes = self.codes.as_slice().map_err(|_| PyValueError::new_err("sigma: codes must be C-contiguous"))?;
-        let sigma = SigmaCodes::new(codes, &self.shape, &self.strides).map_err(to_py)?;
+    /// Sigma codes (computed here from float values, GIL released) for `prediction`.
+    fn codes(&self, py: Python<'_>) -> PyResult<Codes<'_>> {
+        let contiguous = |_| PyValueError::new_err("sigma must be C-contiguous");
+        match &self.sigma {
+            SigmaValues::Floats(a) => {
+                let values = a.as_slice().map_err(contiguous)?;
+                let codes = py
+                    .allow_threads(|| values.iter().map(|&s| ladder::sigma_code(s)).collect::<Result<Vec<i16>, Error>>())
+                    .map_err(|e| SpeckvError::new_err(format!("sigma: {e}")))?;
+                Ok(Codes::Owned(codes))
+            }
+            SigmaValues::Codes(a) => Ok(Codes::Borrowed(a.as_slice().map_err(contiguous)?)),
+        }
+    }
+
+    /// The prediction for a tensor of `shape`: `mu` must have exactly that shape (a mismatch
+    /// is `mismatch`'s error), sigma must broadcast to it.
+    fn prediction<'a>(
+        &'a self,
+        codes: &'a Codes<'a>,
+        shape: &[u64],
+        mismatch: fn(String) -> PyErr,
+    ) -> PyResult<Prediction<'a>> {
+        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        if self.mu_shape != shape {
+            return Err(mismatch(format!("mu: shape {:?} differs from the shape {shape:?} of x", self.mu_shape)));
+        }
+        let sigma = SigmaCodes::broadcast(codes.as_slice(), &self.sigma_shape, &shape).map_err(to_py)?;
         let mu = self.mu.as_slice().map_err(|_| PyValueError::new_err("mu must be C-contiguous"))?;
         Ok(Prediction { mu, sigma })
     }
@@ -116,19 +177,24 @@ fn options(
     let mut params = ModelParams::default();
     if let Some((narrow, wide, escape)) = weights {
         (params.weight_narrow, params.weight_wide, params.weight_escape) = (narrow, wide, escape);
-        params.validate().map_err(|e| PyValueError::new_err(format!("weights: {e}")))?;
+        params.validate().map_err(|m| SpeckvError::new_err(format!("weights: {m}")))?;
     }
-    let model = match model {
-        "exact" => ModelKind::Exact,
-        "fast" => ModelKind::Fast,
-        other => return Err(PyValueError::new_err(format!("model: expected 'exact' or 'fast', got {other:?}"))),
-    };
+    let model = ModelKind::from_name(model)
+        .ok_or_else(|| SpeckvError::new_err(format!("model: expected 'exact' or 'fast', got {model:?}")))?;
     Ok(EncodeOptions { threads, chunk_scalars, model, params, ..Default::default() })
+}
+
+fn value_error(m: String) -> PyErr {
+    SpeckvError::new_err(m)
+}
+
+fn mismatch_error(m: String) -> PyErr {
+    PredictionMismatchError::new_err(m)
 }
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode<'py>(
     py: Python<'py>,
@@ -136,8 +202,9 @@ fn encode<'py>(
     dtype_name: &str,
     shape: Vec<u64>,
     mu: Option<PyReadonlyArray1<'py, f32>>,
-    sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
-    sigma_strides: Option<Vec<usize>>,
+    mu_shape: Option<Vec<usize>>,
+    sigma: Option<&Bound<'py, PyAny>>,
+    sigma_shape: Option<Vec<usize>>,
     threads: usize,
     chunk_scalars: u32,
     torch_hint: bool,
@@ -146,8 +213,12 @@ fn encode<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
-    let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
-    let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
+    let args = PredictionArgs::extract(mu, mu_shape, sigma, sigma_shape)?;
+    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
+    let prediction = match (&args, &codes) {
+        (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
+        _ => None,
+    };
     let x_bits = x.bits("x")?;
     let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model, weights)? };
     let stream =
@@ -157,7 +228,7 @@ fn encode<'py>(
 
 /// Ideal code length in bits under exactly the model `encode` uses.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn ideal_bits<'py>(
     py: Python<'py>,
@@ -165,8 +236,9 @@ fn ideal_bits<'py>(
     dtype_name: &str,
     shape: Vec<u64>,
     mu: Option<PyReadonlyArray1<'py, f32>>,
-    sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
-    sigma_strides: Option<Vec<usize>>,
+    mu_shape: Option<Vec<usize>>,
+    sigma: Option<&Bound<'py, PyAny>>,
+    sigma_shape: Option<Vec<usize>>,
     threads: usize,
     chunk_scalars: u32,
     model: &str,
@@ -174,84 +246,88 @@ fn ideal_bits<'py>(
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
-    let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &shape)?;
-    let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
+    let args = PredictionArgs::extract(mu, mu_shape, sigma, sigma_shape)?;
+    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
+    let prediction = match (&args, &codes) {
+        (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
+        _ => None,
+    };
     let x_bits = x.bits("x")?;
     let opts = options(threads, chunk_scalars, model, weights)?;
     py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
 }
 
-/// Decodes `data` (a uint8 array over the stream) into `out`, a flat writable array.
+/// Decodes `data` (a uint8 array over the stream): parses the header once, allocates the
+/// flat output words, decodes into them with the GIL released. Returns `(words, info)`, with
+/// `info` as `speckv.info` gives it.
 #[pyfunction]
-#[pyo3(signature = (data, out, mu=None, sigma_codes=None, sigma_strides=None, threads=1, chunks=None))]
+#[pyo3(signature = (data, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunks=None))]
 #[allow(clippy::too_many_arguments)]
-fn decode_into<'py>(
+fn decode<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
-    out: &Bound<'py, PyAny>,
     mu: Option<PyReadonlyArray1<'py, f32>>,
-    sigma_codes: Option<PyReadonlyArray1<'py, i16>>,
-    sigma_strides: Option<Vec<usize>>,
+    mu_shape: Option<Vec<usize>>,
+    sigma: Option<&Bound<'py, PyAny>>,
+    sigma_shape: Option<Vec<usize>>,
     threads: usize,
     chunks: Option<(usize, usize)>,
-) -> PyResult<()> {
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
     let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
-    let args = PredictionArgs::extract(mu, sigma_codes, sigma_strides, &header.shape)?;
-    let prediction = args.as_ref().map(|a| a.prediction()).transpose()?;
-    let bad_out = || PyTypeError::new_err("out: expected a writable 1-D uint8, uint16 or uint32 array");
+    let args = PredictionArgs::extract(mu, mu_shape, sigma, sigma_shape)?;
+    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
+    let prediction = match (&args, &codes) {
+        (Some(a), Some(c)) => Some(a.prediction(c, &header.shape, mismatch_error)?),
+        _ => None,
+    };
+    let range = chunks.map(|(a, b)| a..b);
+    let n = speckv::decoded_len(&header, range.clone()).map_err(to_py)?;
     macro_rules! run {
         ($t:ty, $variant:ident) => {{
-            let mut arr: PyReadwriteArray1<$t> =
-                out.downcast::<PyArray1<$t>>().map_err(|_| bad_out())?.try_readwrite()?;
-            let slice = arr.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
-            let range = chunks.map(|(a, b)| a..b);
+            let mut words = vec![<$t>::default(); n];
             py.allow_threads(|| {
-                speckv::decode_chunks_into(stream, BitsMut::$variant(slice), prediction.as_ref(), threads, range)
+                speckv::decode_parsed(stream, &header, BitsMut::$variant(&mut words), prediction.as_ref(), threads, range)
             })
             .map_err(to_py)?;
+            PyArray1::from_vec(py, words).into_any()
         }};
     }
-    match header.dtype.bits() {
+    let words = match header.dtype.bits() {
         8 => run!(u8, U8),
         16 => run!(u16, U16),
         _ => run!(u32, U32),
-    }
-    Ok(())
+    };
+    Ok((words, header_dict(py, &header, stream.len())?))
 }
 
 /// Header facts of a stream, validated.
 #[pyfunction]
 fn info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound<'py, PyDict>> {
     let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
-    let h = Header::parse(stream).map_err(to_py)?;
+    let h = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
+    header_dict(py, &h, stream.len())
+}
+
+fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("version", speckv::format::FORMAT_VERSION)?;
+    d.set_item("version", h.version)?;
     d.set_item("dtype", h.dtype.name())?;
     d.set_item("shape", h.shape.clone())?;
     d.set_item("predicted", h.predicted())?;
     d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
-    let fast = h.flags & speckv::format::header::FLAG_FAST_MODEL != 0;
-    d.set_item(
-        "model",
-        if !h.predicted() {
-            "predictor-free"
-        } else if fast {
-            "fast"
-        } else {
-            "exact"
-        },
-    )?;
+    d.set_item("model", h.model_name())?;
+    d.set_item("lanes", h.lanes)?;
     d.set_item("n_scalars", h.n_scalars)?;
     d.set_item("chunk_scalars", h.chunk_scalars)?;
     d.set_item("chunks", h.chunks.len())?;
     let payload: u64 = h.chunks.iter().map(|c| c.length as u64).sum();
     d.set_item("payload_bytes", payload)?;
     d.set_item("chunk_bytes", h.chunks.iter().map(|c| c.length).collect::<Vec<u32>>())?;
-    d.set_item("header_bytes", stream.len() as u64 - payload)?;
-    d.set_item("total_bytes", stream.len())?;
+    d.set_item("header_bytes", stream_len as u64 - payload)?;
+    d.set_item("total_bytes", stream_len)?;
     d.set_item("raw_bytes", h.n_scalars * h.dtype.bytes() as u64)?;
-    let bits = if h.n_scalars > 0 { stream.len() as f64 * 8.0 / h.n_scalars as f64 } else { 0.0 };
+    let bits = if h.n_scalars > 0 { stream_len as f64 * 8.0 / h.n_scalars as f64 } else { 0.0 };
     d.set_item("bits_per_scalar", bits)?;
     d.set_item("table_digest", format!("{:016x}", h.table_digest))?;
     d.set_item("fingerprint", format!("{:016x}", h.fingerprint))?;
@@ -272,7 +348,7 @@ fn sigma_codes<'py>(py: Python<'py>, sigma: PyReadonlyArray1<'py, f32>) -> PyRes
 fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(encode, m)?)?;
-    m.add_function(wrap_pyfunction!(decode_into, m)?)?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
     m.add_function(wrap_pyfunction!(ideal_bits, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;

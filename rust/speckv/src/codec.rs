@@ -1,9 +1,9 @@
 //! The whole-tensor API: encode, decode, ideal code length, stream info.
 
-use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES};
+use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
-use crate::format::checksum::{checksum, Hasher};
+use crate::hash::{checksum, Hasher};
 use crate::format::header::{
     chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
@@ -64,9 +64,13 @@ fn check_prediction(shape: &[u64], n: usize, prediction: &Prediction) -> Result<
     Ok(())
 }
 
-/// Layout facts shared by encode and ideal_bits.
-fn stream_model(dtype: DType, shape: &[u64], params: ModelParams, kind: ModelKind) -> Result<StreamModel> {
-    params.validate().map_err(|e| Error::InvalidArgument(e.to_string()))?;
+/// The options' checks and the layout facts shared by encode and ideal_bits.
+fn stream_model(dtype: DType, shape: &[u64], options: &EncodeOptions) -> Result<StreamModel> {
+    if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
+        return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
+    }
+    let (params, kind) = (options.params, options.model);
+    params.validate().map_err(|m| Error::InvalidArgument(format!("model parameters: {m}")))?;
     let period = shape.last().copied().unwrap_or(1).max(1) as usize;
     Ok(StreamModel::new(dtype, params, kind, period.min(DEFAULT_RAW_CONTEXTS), period))
 }
@@ -82,24 +86,38 @@ macro_rules! with_words {
     };
 }
 
-/// A chunk's payload: lane 0's length, then both lanes' words (see `chunk`).
-fn join_lanes(lanes: [RangeEncoder; LANES]) -> Vec<u8> {
-    let [a, b] = lanes.map(RangeEncoder::finish);
-    let mut out = Vec::with_capacity(4 + a.len() + b.len());
-    out.extend_from_slice(&(a.len() as u32).to_le_bytes());
-    out.extend_from_slice(&a);
-    out.extend_from_slice(&b);
+/// A chunk's payload: the lengths of every lane but the last, then every lane's words (see
+/// `chunk`).
+fn join_lanes<const N: usize>(lanes: [RangeEncoder; N]) -> Vec<u8> {
+    let words = lanes.map(RangeEncoder::finish);
+    let mut out = Vec::with_capacity(4 * (N - 1) + words.iter().map(Vec::len).sum::<usize>());
+    for w in &words[..N - 1] {
+        out.extend_from_slice(&(w.len() as u32).to_le_bytes());
+    }
+    for w in &words {
+        out.extend_from_slice(w);
+    }
     out
 }
 
-fn split_lanes(payload: &[u8]) -> Option<[RangeDecoder<'_>; LANES]> {
-    let len = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?) as usize;
-    let rest = &payload[4..];
-    if len % 4 != 0 || len > rest.len() {
-        return None;
+/// Inverse of `join_lanes`: `None` when the lengths do not fit the payload.
+fn split_lanes<const N: usize>(payload: &[u8]) -> Option<[RangeDecoder<'_>; N]> {
+    let lengths_end = 4 * (N - 1);
+    let lengths = payload.get(..lengths_end)?;
+    let mut rest = &payload[lengths_end..];
+    let mut parts: [&[u8]; N] = [&[]; N];
+    for (i, part) in parts.iter_mut().enumerate() {
+        let len = if i + 1 < N {
+            u32::from_le_bytes(lengths[4 * i..4 * i + 4].try_into().ok()?) as usize
+        } else {
+            rest.len()
+        };
+        if len % 4 != 0 || len > rest.len() {
+            return None;
+        }
+        (*part, rest) = rest.split_at(len);
     }
-    let (a, b) = rest.split_at(len);
-    Some([RangeDecoder::new(a), RangeDecoder::new(b)])
+    Some(parts.map(RangeDecoder::new))
 }
 
 fn fingerprint_of(chunks: &[ChunkEntry]) -> u64 {
@@ -122,9 +140,9 @@ fn checked_scalars(x: Bits, dtype: DType, shape: &[u64], prediction: Option<&Pre
 
 /// Codes scalars `range` of `x` into `lanes` (coders or meters), against the prediction if
 /// any, and returns the chunk's prediction fingerprint (0 without one).
-fn code_chunk<W: Word, S: SymbolSink>(
+fn code_chunk<W: Word, S: SymbolSink, const N: usize>(
     model: &StreamModel,
-    lanes: &mut [S; LANES],
+    lanes: &mut [S; N],
     x: &[W],
     prediction: Option<&Prediction>,
     range: std::ops::Range<usize>,
@@ -153,22 +171,20 @@ pub fn encode(
     options: &EncodeOptions,
 ) -> Result<Vec<u8>> {
     let n = checked_scalars(x, dtype, shape, prediction)?;
-    if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
-        return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
-    }
-    let model = stream_model(dtype, shape, options.params, options.model)?;
+    let model = stream_model(dtype, shape, options)?;
     let chunk = options.chunk_scalars as usize;
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
     let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
-            let words = range.len() * dtype.bits() as usize / 128 + 4;
-            let mut enc = [RangeEncoder::with_capacity_words(words), RangeEncoder::with_capacity_words(words)];
+            let words = range.len() * dtype.bits() as usize / (64 * LANES) + 4;
+            let mut enc: [RangeEncoder; LANES] = std::array::from_fn(|_| RangeEncoder::with_capacity_words(words));
             let fingerprint = code_chunk(&model, &mut enc, x, prediction, range);
             Ok((join_lanes(enc), fingerprint))
         })?
     });
     let mut header = Header {
+        version: crate::format::FORMAT_VERSION,
         flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
             | if options.torch_hint { FLAG_TORCH_HINT } else { 0 }
             | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast {
@@ -180,6 +196,7 @@ pub fn encode(
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,
         n_scalars: n as u64,
+        lanes: LANES as u8,
         params: options.params,
         raw_contexts: model.raw_contexts as u16,
         context_period: model.context_period.min(u32::MAX as usize) as u32,
@@ -214,15 +231,15 @@ pub fn ideal_bits(
     options: &EncodeOptions,
 ) -> Result<f64> {
     let n = checked_scalars(x, dtype, shape, prediction)?;
-    let model = stream_model(dtype, shape, options.params, options.model)?;
-    let chunk = options.chunk_scalars.clamp(1, MAX_CHUNK_SCALARS) as usize;
+    let model = stream_model(dtype, shape, options)?;
+    let chunk = options.chunk_scalars as usize;
     let n_chunks = n.div_ceil(chunk);
     let per_chunk: Vec<f64> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
             let range = i * chunk..((i + 1) * chunk).min(n);
-            let mut meter = [IdealMeter::default(), IdealMeter::default()];
+            let mut meter: [IdealMeter; LANES] = Default::default();
             code_chunk(&model, &mut meter, x, prediction, range);
-            Ok(meter[0].bits + meter[1].bits)
+            Ok(meter.iter().map(|m| m.bits).sum::<f64>())
         })?
     });
     Ok(per_chunk.iter().sum())
@@ -233,7 +250,7 @@ pub fn info(stream: &[u8]) -> Result<Header> {
     Header::parse(stream)
 }
 
-fn decode_words<W: Word>(
+fn decode_words<W: Word, const N: usize>(
     stream: &[u8],
     header: &Header,
     model: &StreamModel,
@@ -257,7 +274,8 @@ fn decode_words<W: Word>(
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
         let start = i * chunk;
-        let mut dec = split_lanes(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
+        let mut dec =
+            split_lanes::<N>(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
         match prediction {
             Some(p) => {
                 let mu = &p.mu[start..start + piece.len()];
@@ -299,16 +317,37 @@ pub fn decode_chunks_into(
     chunks: Option<std::ops::Range<usize>>,
 ) -> Result<Header> {
     let header = Header::parse(stream)?;
-    let n = header.n_scalars as usize;
+    decode_parsed(stream, &header, out, prediction, threads, chunks)?;
+    Ok(header)
+}
+
+/// Scalars that decoding `chunks` (all when `None`) of a stream with `header` produces, after
+/// checking that the range is within the stream.
+pub fn decoded_len(header: &Header, chunks: Option<std::ops::Range<usize>>) -> Result<usize> {
     let chunks = chunks.unwrap_or(0..header.chunks.len());
     if chunks.start > chunks.end || chunks.end > header.chunks.len() {
         return invalid(format!("chunks: {chunks:?} is not within the stream's {} chunks", header.chunks.len()));
     }
-    let wanted = if chunks.is_empty() {
+    Ok(if chunks.is_empty() {
         0
     } else {
         header.chunk_scalar_range(chunks.end - 1).end - header.chunk_scalar_range(chunks.start).start
-    };
+    })
+}
+
+/// `decode_chunks_into` for a header the caller has already parsed from `stream` (bindings
+/// parse once, size their output from it, then decode).
+pub fn decode_parsed(
+    stream: &[u8],
+    header: &Header,
+    out: BitsMut,
+    prediction: Option<&Prediction>,
+    threads: usize,
+    chunks: Option<std::ops::Range<usize>>,
+) -> Result<()> {
+    let n = header.n_scalars as usize;
+    let wanted = decoded_len(header, chunks.clone())?;
+    let chunks = chunks.unwrap_or(0..header.chunks.len());
     if out.width_bits() != header.dtype.bits() || out.len() != wanted {
         return invalid(format!(
             "out: {} words of {} bits given; chunks {chunks:?} hold {wanted} {} scalars",
@@ -327,11 +366,10 @@ pub fn decode_chunks_into(
         (_, Some(p)) => check_prediction(&header.shape, n, p)?,
         _ => {}
     }
-    let kind = if header.flags & FLAG_FAST_MODEL != 0 { ModelKind::Fast } else { ModelKind::Exact };
     let model = StreamModel::new(
         header.dtype,
         header.params,
-        kind,
+        header.model().unwrap_or_default(),
         header.raw_contexts as usize,
         header.context_period as usize,
     );
@@ -345,10 +383,18 @@ pub fn decode_chunks_into(
             return Err(Error::Corrupt("prediction fingerprint disagrees with the chunk index".into()));
         }
     }
-    match out {
-        BitsMut::U8(o) => decode_words(stream, &header, &model, o, prediction, threads, chunks.start),
-        BitsMut::U16(o) => decode_words(stream, &header, &model, o, prediction, threads, chunks.start),
-        BitsMut::U32(o) => decode_words(stream, &header, &model, o, prediction, threads, chunks.start),
-    }?;
-    Ok(header)
+    // `Header::parse` admits exactly these lane counts.
+    macro_rules! decode_lanes {
+        ($n:expr) => {
+            match out {
+                BitsMut::U8(o) => decode_words::<_, $n>(stream, header, &model, o, prediction, threads, chunks.start),
+                BitsMut::U16(o) => decode_words::<_, $n>(stream, header, &model, o, prediction, threads, chunks.start),
+                BitsMut::U32(o) => decode_words::<_, $n>(stream, header, &model, o, prediction, threads, chunks.start),
+            }
+        };
+    }
+    match header.lanes as usize {
+        LANES_V1 => decode_lanes!(LANES_V1),
+        _ => decode_lanes!(LANES),
+    }
 }

@@ -20,13 +20,14 @@ pub mod coder;
 pub mod dtype;
 pub mod error;
 pub mod format;
+pub mod hash;
 pub mod model;
 pub mod parallel;
 pub mod prediction;
 pub mod words;
 
 pub use chunk::ModelKind;
-pub use codec::{decode_chunks_into, decode_into, encode, ideal_bits, info, EncodeOptions};
+pub use codec::{decode_chunks_into, decode_into, decode_parsed, decoded_len, encode, ideal_bits, info, EncodeOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use prediction::{Prediction, SigmaCodes};

@@ -6,8 +6,7 @@
 //! just before each symbol (DESIGN §7) slots in here.
 
 use crate::error::{invalid, Result};
-use crate::format::checksum::Hasher;
-use crate::model::ladder::TableChoice;
+use crate::hash::Hasher;
 
 /// Most dimensions a tensor may have.
 pub const MAX_NDIM: usize = 8;
@@ -44,6 +43,33 @@ impl<'a> SigmaCodes<'a> {
             }
         }
         Ok(SigmaCodes { codes, shape: shape.to_vec(), strides: strides.to_vec() })
+    }
+
+    /// Codes of an array of shape `code_shape` (C order) broadcast to `shape` with numpy's
+    /// rules: shapes are aligned at the right, and a dimension of the codes is either equal to
+    /// the tensor's or 1 (missing leading dimensions count as 1).
+    pub fn broadcast(codes: &'a [i16], code_shape: &[usize], shape: &[usize]) -> Result<Self> {
+        let refuse = || invalid(format!("sigma: shape {code_shape:?} does not broadcast to x's shape {shape:?}"));
+        if code_shape.len() > shape.len() {
+            return refuse();
+        }
+        let count = code_shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if count != Some(codes.len()) {
+            return invalid(format!("sigma: {} values given for shape {code_shape:?}", codes.len()));
+        }
+        let offset = shape.len() - code_shape.len();
+        let mut strides = vec![0usize; shape.len()];
+        let mut step = 1usize;
+        for j in (0..code_shape.len()).rev() {
+            let (have, want) = (code_shape[j], shape[offset + j]);
+            if have == want && have != 1 {
+                strides[offset + j] = step;
+            } else if have != 1 {
+                return refuse();
+            }
+            step *= have;
+        }
+        Self::new(codes, shape, &strides)
     }
 
     /// The same sigma for every element.
@@ -165,16 +191,6 @@ pub struct Prediction<'a> {
     pub mu: &'a [f32],
     pub sigma: SigmaCodes<'a>,
 }
-
-/// Packs a table choice into one integer: what the coder needs per scalar, and what the
-/// fingerprint hashes.
-#[inline(always)]
-pub(crate) fn choice_word(c: TableChoice) -> u16 {
-    c.table | (c.shift as u16) << CHOICE_SHIFT_POS
-}
-
-pub(crate) const CHOICE_SHIFT_POS: u32 = 10;
-pub(crate) const CHOICE_TABLE_MASK: u16 = (1 << CHOICE_SHIFT_POS) - 1;
 
 /// Fills `codes` with the sigma code of each scalar `start..start + mu.len()` and returns the
 /// fingerprint of the integer coding parameters: the bits of `mu` and every scalar's sigma

@@ -1,13 +1,14 @@
-//! Stream header and chunk index, format version 1. All integers little-endian.
+//! Stream header and chunk index, format version 2. All integers little-endian.
 //!
 //! ```text
 //! offset  size        field
 //! 0       4           magic "SPKV"
-//! 4       2           format version (1)
+//! 4       2           format version (2; version 1 is read too, see below)
 //! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
-//! 10      2           reserved, 0
+//! 10      1           coder lanes per chunk (4)
+//! 11      1           reserved, 0
 //! 12      4           scalars per chunk (the last chunk may hold fewer)
 //! 16      8           number of scalars (= product of the shape)
 //! 24      8 * ndim    shape
@@ -24,15 +25,21 @@
 //! ..      8           header checksum: XXH3 of every byte above
 //! ..                  chunk payloads, back to back, in index order, to the end of the stream
 //! ```
+//!
+//! Version 1 differs only in bytes 10-11 (both 0) and in coding each chunk with two lanes
+//! (`chunk::LANES_V1`); its models are the same, so this build decodes it as it was written.
 
-use super::checksum::{checksum, Hasher};
+use crate::hash::{checksum, Hasher};
+use crate::chunk::{ModelKind, LANES, LANES_V1};
 use crate::error::{corrupt, Error, Result};
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
 use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"SPKV";
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest version this build reads.
+pub const OLDEST_READABLE_VERSION: u16 = 1;
 /// The stream was coded against a prediction (`mu`, `sigma`); otherwise predictor-free.
 pub const FLAG_PREDICTED: u16 = 1 << 0;
 /// The encoder's caller held a torch tensor: bindings hand back one. Decoding ignores it.
@@ -57,7 +64,7 @@ pub const MAX_CHUNK_SCALARS: u32 = 1 << 24;
 pub const MAX_RAW_CONTEXTS: u16 = 256;
 /// Every coded scalar costs at least `-log2(1 - 2^-12)` bits (escape weight and adaptive
 /// floors, see `ModelParams::validate` and `model::adaptive`), fewer than 2^15 per byte; a chunk
-/// claiming more scalars than `(length + 16) << 15` is corrupt (16: the coders' final words). This bounds the output a small
+/// claiming more scalars than `(length + 8 * lanes) << 15` is corrupt (slack for the coders' final words). This bounds the output a small
 /// stream can make a decoder allocate.
 pub const MAX_SCALARS_PER_BYTE_LOG2: u32 = 15;
 
@@ -73,11 +80,15 @@ pub struct ChunkEntry {
 /// Everything in front of the payloads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The stream's format version (`FORMAT_VERSION` when written by this build).
+    pub version: u16,
     pub flags: u16,
     pub dtype: DType,
     pub shape: Vec<u64>,
     pub chunk_scalars: u32,
     pub n_scalars: u64,
+    /// Range coders per chunk (`chunk::LANES`; 2 in version 1).
+    pub lanes: u8,
     pub params: ModelParams,
     pub raw_contexts: u16,
     pub context_period: u32,
@@ -162,15 +173,34 @@ impl Header {
         self.flags & FLAG_PREDICTED != 0
     }
 
+    /// The model predicted scalars are coded with (`None`: predictor-free).
+    pub fn model(&self) -> Option<ModelKind> {
+        match (self.predicted(), self.flags & FLAG_FAST_MODEL != 0) {
+            (false, _) => None,
+            (true, true) => Some(ModelKind::Fast),
+            (true, false) => Some(ModelKind::Exact),
+        }
+    }
+
+    /// `model()` by name, as the Python API and `speckv info` print it.
+    pub fn model_name(&self) -> &'static str {
+        self.model().map_or("predictor-free", ModelKind::name)
+    }
+
     /// Serialises the header (with its checksum) in front of the payloads.
     pub fn write(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(header_len(self.shape.len(), self.chunks.len()));
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.push(self.dtype as u8);
         out.push(self.shape.len() as u8);
-        out.extend_from_slice(&0u16.to_le_bytes());
+        if self.version == 1 {
+            out.extend_from_slice(&0u16.to_le_bytes());
+        } else {
+            out.push(self.lanes);
+            out.push(0);
+        }
         out.extend_from_slice(&self.chunk_scalars.to_le_bytes());
         out.extend_from_slice(&self.n_scalars.to_le_bytes());
         for d in &self.shape {
@@ -206,8 +236,10 @@ impl Header {
         }
         r.take(4)?;
         let version = r.u16()?;
-        if version != FORMAT_VERSION {
-            return Err(Error::Unsupported(format!("format version {version}; this build reads {FORMAT_VERSION}")));
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(Error::Unsupported(format!(
+                "format version {version}; this build reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}"
+            )));
         }
         let flags = r.u16()?;
         if flags & !KNOWN_FLAGS != 0 {
@@ -218,9 +250,12 @@ impl Header {
         if ndim > MAX_NDIM {
             return corrupt(format!("{ndim} dimensions (at most {MAX_NDIM})"));
         }
-        if r.u16()? != 0 {
-            return corrupt("reserved header bytes are not zero");
-        }
+        let lanes = match (version, r.u8()?, r.u8()?) {
+            (1, 0, 0) => LANES_V1 as u8,
+            (_, lanes, 0) if version > 1 && lanes as usize == LANES => lanes,
+            (1, _, _) | (_, _, 1..) => return corrupt("reserved header bytes are not zero"),
+            (_, lanes, _) => return Err(Error::Unsupported(format!("{lanes} coder lanes per chunk; this build reads {LANES}"))),
+        };
         let chunk_scalars = r.u32()?;
         let n_scalars = r.u64()?;
         let mut shape = Vec::with_capacity(ndim);
@@ -283,7 +318,7 @@ impl Header {
         }
         // From here the header is what the encoder wrote; the checks below catch an encoder
         // (or a forger who recomputed the checksum) writing nonsense.
-        params.validate()?;
+        params.validate().map_err(|m| Error::Corrupt(format!("model parameters: {m}")))?;
         if raw_contexts == 0 || raw_contexts > MAX_RAW_CONTEXTS {
             return corrupt(format!("{raw_contexts} predictor-free contexts (1..={MAX_RAW_CONTEXTS})"));
         }
@@ -295,8 +330,9 @@ impl Header {
             if c.offset != expected_offset {
                 return corrupt(format!("chunk {i} starts at {} instead of {expected_offset}", c.offset));
             }
-            // Lane-0 length plus two coders' final words at least (see `chunk`).
-            if c.length < 12 || c.length % 4 != 0 {
+            // The lane lengths plus every coder's final word at least (see `chunk`).
+            let lanes = lanes as u32;
+            if c.length < 4 * (2 * lanes - 1) || c.length % 4 != 0 {
                 return corrupt(format!("chunk {i} has length {}", c.length));
             }
             let scalars = if i as u64 + 1 == n_chunks {
@@ -304,7 +340,7 @@ impl Header {
             } else {
                 chunk_scalars as u64
             };
-            if scalars > (c.length as u64 + 16) << MAX_SCALARS_PER_BYTE_LOG2 {
+            if scalars > (c.length as u64 + 8 * lanes as u64) << MAX_SCALARS_PER_BYTE_LOG2 {
                 return corrupt(format!("chunk {i} claims {scalars} scalars in {} bytes", c.length));
             }
             expected_offset += c.length as u64;
@@ -313,11 +349,13 @@ impl Header {
             return corrupt(format!("payloads end at byte {expected_offset} but the stream has {} bytes", bytes.len()));
         }
         Ok(Header {
+            version,
             flags,
             dtype,
             shape,
             chunk_scalars,
             n_scalars,
+            lanes,
             params,
             raw_contexts,
             context_period,

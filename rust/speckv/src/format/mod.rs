@@ -1,6 +1,5 @@
 //! The container: header, chunk index, checksums. See `header.rs` for the byte layout.
 
-pub mod checksum;
 pub mod header;
 
 pub use header::{ChunkEntry, Header, FORMAT_VERSION, MAGIC};

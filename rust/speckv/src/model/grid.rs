@@ -21,6 +21,10 @@ pub struct ValueGrid {
     pub max_ordinal: i64,
     /// Magnitude (pattern without sign) of the largest finite value.
     max_magnitude: u32,
+    /// `dtype.mantissa_bits()` and `dtype.exponent_bias()`, kept here so that the hot paths
+    /// read two fields instead of matching on the dtype.
+    mantissa_bits: u32,
+    exponent_bias: i64,
 }
 
 /// The value of a finite pattern, exactly, as f64.
@@ -70,7 +74,15 @@ impl ValueGrid {
         }
         let top = value(max_ordinal);
         lower_edge.push((top + (top - value(max_ordinal - 1)) / 2.0) as f32);
-        ValueGrid { dtype, lower_edge, min_ordinal, max_ordinal, max_magnitude }
+        ValueGrid {
+            dtype,
+            lower_edge,
+            min_ordinal,
+            max_ordinal,
+            max_magnitude,
+            mantissa_bits: dtype.mantissa_bits(),
+            exponent_bias: dtype.exponent_bias() as i64,
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -92,21 +104,24 @@ impl ValueGrid {
         self.dtype.from_ordinal(self.nearest_ordinal(v))
     }
 
-    /// Ordinal of `nearest_pattern`.
+    /// Ordinal of `nearest_pattern`. `ordinal_toward_zero` truncates `|v|`, so the nearest
+    /// pattern is that one or its neighbour away from zero; one comparison with that
+    /// neighbour's edge decides, without a branch on the sign (which the decoder could not
+    /// predict).
     #[inline(always)]
     pub fn nearest_ordinal(&self, v: f64) -> i64 {
         let k = self.ordinal_toward_zero(v);
-        if v.is_sign_positive() {
-            if k < self.max_ordinal && v >= self.lower_edge(k + 1) {
-                k + 1
-            } else {
-                k
-            }
-        } else if k > self.min_ordinal && v < self.lower_edge(k) {
-            k - 1
-        } else {
-            k
-        }
+        let negative = v.is_sign_negative();
+        // Away from zero: k + 1 above zero, k - 1 below; the edge between them is the lower
+        // edge of the larger ordinal.
+        let away = if negative { k - 1 } else { k + 1 };
+        let edge = self.lower_edge(if negative { k } else { k + 1 });
+        let beyond = if negative { v < edge } else { v >= edge };
+        let inside = away >= self.min_ordinal && away <= self.max_ordinal;
+        // A mask rather than `if`: the compiler keeps it free of branches (`beyond` is a coin
+        // toss for the decoder's guesses).
+        let take = -((beyond & inside) as i64);
+        k ^ ((k ^ away) & take)
     }
 
     /// An ordinal near `v`: the pattern whose magnitude is `|v|` truncated to the format (toward
@@ -116,7 +131,7 @@ impl ValueGrid {
     pub fn ordinal_toward_zero(&self, v: f64) -> i64 {
         let bits = v.to_bits();
         let negative = bits >> 63 == 1;
-        let m = self.dtype.mantissa_bits();
+        let m = self.mantissa_bits;
         let e64 = ((bits >> 52) & 0x7FF) as i64;
         let frac = bits & ((1u64 << 52) - 1);
         let magnitude = if e64 == 0x7FF {
@@ -127,7 +142,7 @@ impl ValueGrid {
             }
         } else {
             // Biased exponent in the target format.
-            let e = e64 - 1023 + self.dtype.exponent_bias() as i64;
+            let e = e64 - 1023 + self.exponent_bias;
             if e >= 1 {
                 ((e as u64) << m | frac >> (52 - m)).min(self.max_magnitude as u64)
             } else {
@@ -140,11 +155,8 @@ impl ValueGrid {
                 }
             }
         };
-        if negative {
-            -(magnitude as i64) - 1
-        } else {
-            magnitude as i64
-        }
+        // -m - 1 == !m: flip every bit for negative values, without a branch.
+        (magnitude as i64) ^ -(negative as i64)
     }
 }
 

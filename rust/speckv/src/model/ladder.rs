@@ -75,6 +75,16 @@ pub struct TableChoice {
     pub shift: u8,
 }
 
+/// Packs a table choice into one integer: what the coder needs per scalar, and what the
+/// fingerprint hashes.
+#[inline(always)]
+pub(crate) fn choice_word(c: TableChoice) -> u16 {
+    c.table | (c.shift as u16) << CHOICE_SHIFT_POS
+}
+
+pub(crate) const CHOICE_SHIFT_POS: u32 = 10;
+pub(crate) const CHOICE_TABLE_MASK: u16 = (1 << CHOICE_SHIFT_POS) - 1;
+
 /// Per-dtype lookups turning `(sigma code, exponent field of mu)` into a [`TableChoice`] with
 /// two array reads and a clamp.
 #[derive(Debug, Clone)]
@@ -83,7 +93,7 @@ pub struct ScaleMap {
     exponent_offset: Vec<i32>,
     min_code: i32,
     max_code: i32,
-    /// Table choice per clamped scale code, packed as `prediction::choice_word` does.
+    /// Table choice per clamped scale code, packed by `choice_word`.
     packed: Vec<u16>,
     mantissa_bits: u32,
     exponent_mask: u32,
@@ -104,7 +114,7 @@ impl ScaleMap {
                 TableChoice { table: table as u16, shift: shift as u8 }
             })
             .collect();
-        let packed = choices.into_iter().map(crate::prediction::choice_word).collect();
+        let packed = choices.into_iter().map(choice_word).collect();
         ScaleMap {
             exponent_offset,
             min_code,
@@ -127,8 +137,8 @@ impl ScaleMap {
     pub fn choose(&self, sigma_code: i16, exponent_field: u32) -> TableChoice {
         let word = self.choose_packed(sigma_code, exponent_field << self.mantissa_bits);
         TableChoice {
-            table: word & crate::prediction::CHOICE_TABLE_MASK,
-            shift: (word >> crate::prediction::CHOICE_SHIFT_POS) as u8,
+            table: word & CHOICE_TABLE_MASK,
+            shift: (word >> CHOICE_SHIFT_POS) as u8,
         }
     }
 }

@@ -2,7 +2,6 @@
 //! exactly the encoder's model; every value read from a header is range-checked here before it
 //! sizes anything.
 
-use crate::error::{Error, Result};
 
 /// Model tunables. `Default` is what `encode` uses; other values are accepted when decoding as
 /// long as they are within the stated bounds.
@@ -59,8 +58,11 @@ pub const STEPS_PER_OCTAVE: i32 = 8;
 
 impl ModelParams {
     /// Checks every field against the bounds that keep table sizes and coding costs bounded.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Corrupt(format!("model parameters: {m}")));
+    /// The error says what is wrong and nothing about where the values came from: a caller
+    /// with a user's arguments reports it as an invalid argument, `Header::parse` as a corrupt
+    /// stream.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let bad = |m: String| Err(m);
         if !(12..=24).contains(&self.table_precision) {
             return bad(format!("table precision {} outside 12..=24", self.table_precision));
         }

@@ -10,7 +10,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::params::{ModelParams, STEPS_PER_OCTAVE};
-use crate::format::checksum::Hasher;
+use crate::hash::Hasher;
 
 /// Bits of the coarse slot -> symbol index that starts the decoder's search.
 const LOOKUP_BITS: u32 = 10;

@@ -1,4 +1,5 @@
-//! Checksums and fingerprints: XXH3-64, the same on every platform.
+//! Checksums, fingerprints and digests: XXH3-64, the same on every platform. Used by the
+//! container (chunk and header checksums), the prediction fingerprint and the table digests.
 
 /// Streaming XXH3-64.
 pub struct Hasher(xxhash_rust::xxh3::Xxh3);
