@@ -200,9 +200,7 @@ def decode(
     return out
 
 
-def ideal_bits(
-    x: Any, mu: Any = None, sigma: Any = None, *, sigma_codes: Any = None, model: Model = "exact"
-) -> float:
+def ideal_bits(x: Any, mu: Any = None, sigma: Any = None, *, sigma_codes: Any = None, model: Model = "exact") -> float:
     """Bits a perfect coder would spend on `x` under exactly the model `encode` uses (payload
     only; headers and coder overhead excluded), so `8 * len(encode(...)) / ideal_bits(...)`
     is the real coder's overhead."""

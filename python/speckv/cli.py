@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -48,10 +49,13 @@ def _calibrated_codec(args: argparse.Namespace, model: Any, tokenizer: Any, labe
         cal = Calibration.load(args.calibration)
         return SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint), args.calibration, False
     text_name = Path(args.calibration_text).name if args.calibration_text else "bundled calibration text"
+    text = Path(args.calibration_text).read_text() if args.calibration_text else bundled_text("calibration")
+    # A custom text is keyed by a digest of its contents (stable across processes, unlike
+    # hash(), and a changed file calibrates again).
+    text_key = hashlib.sha256(text.encode()).hexdigest()[:16] if args.calibration_text else "bundled"
     path = cache_dir() / (
         f"calibration-{fingerprint[:16]}-{'pt' if args.block_size is None else f'b{args.block_size}'}"
-        f"-{args.samples}x{args.seq_len}-{abs(hash(text_name)) % 10**8 if args.calibration_text else 'bundled'}"
-        ".safetensors"
+        f"-{args.samples}x{args.seq_len}-{text_key}.safetensors"
     )
     if path.exists() and not args.recalibrate:
         try:
@@ -59,7 +63,6 @@ def _calibrated_codec(args: argparse.Namespace, model: Any, tokenizer: Any, labe
             return SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint), str(path), True
         except Exception as e:  # a stale or foreign file: calibrate again
             _say(args, f"ignoring cached calibration {path}: {e}")
-    text = Path(args.calibration_text).read_text() if args.calibration_text else bundled_text("calibration")
     samples = prompts(tokenizer, text, args.seq_len, args.samples)
     _say(args, f"calibrating {label} on {len(samples)} prompts x {args.seq_len} tokens of {text_name} ...")
     codec = SpeculativeCodec(model, None, predictor, fingerprint=fingerprint)

@@ -142,7 +142,9 @@ impl<'py> PredictionArgs<'py> {
             SigmaValues::Floats(a) => {
                 let values = a.as_slice().map_err(contiguous)?;
                 let codes = py
-                    .allow_threads(|| values.iter().map(|&s| ladder::sigma_code(s)).collect::<Result<Vec<i16>, Error>>())
+                    .allow_threads(|| {
+                        values.iter().map(|&s| ladder::sigma_code(s)).collect::<Result<Vec<i16>, Error>>()
+                    })
                     .map_err(|e| SpeckvError::new_err(format!("sigma: {e}")))?;
                 Ok(Codes::Owned(codes))
             }
@@ -287,7 +289,14 @@ fn decode<'py>(
         ($t:ty, $variant:ident) => {{
             let mut words = vec![<$t>::default(); n];
             py.allow_threads(|| {
-                speckv::decode_parsed(stream, &header, BitsMut::$variant(&mut words), prediction.as_ref(), threads, range)
+                speckv::decode_parsed(
+                    stream,
+                    &header,
+                    BitsMut::$variant(&mut words),
+                    prediction.as_ref(),
+                    threads,
+                    range,
+                )
             })
             .map_err(to_py)?;
             PyArray1::from_vec(py, words).into_any()

@@ -224,7 +224,9 @@ impl StreamModel {
             PredictedModel::Fast { bank, scales, grid } => {
                 let precision = self.params.table_precision as u32;
                 let one = |dec: &mut RangeDecoder, esc: &mut RawPatternModel, i: usize| match rounded(grid, mu[i]) {
-                    Some(m) => decode_fast(bank, precision, dec, esc, W::from_u32(m), scales.choose_packed(codes[i], m)),
+                    Some(m) => {
+                        decode_fast(bank, precision, dec, esc, W::from_u32(m), scales.choose_packed(codes[i], m))
+                    }
                     None => W::from_u32(esc.decode(dec)),
                 };
                 for_lanes_dec(out, lanes, &mut escapes, one);

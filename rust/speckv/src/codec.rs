@@ -3,10 +3,10 @@
 use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
-use crate::hash::{checksum, Hasher};
 use crate::format::header::{
     chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
+use crate::hash::{checksum, Hasher};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
@@ -274,8 +274,7 @@ fn decode_words<W: Word, const N: usize>(
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
         let start = i * chunk;
-        let mut dec =
-            split_lanes::<N>(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
+        let mut dec = split_lanes::<N>(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
         match prediction {
             Some(p) => {
                 let mu = &p.mu[start..start + piece.len()];

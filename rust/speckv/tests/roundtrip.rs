@@ -167,7 +167,7 @@ fn perturbed_prediction_is_a_mismatch() {
 /// field must still be validated before it sizes anything, and nothing may panic or hang.
 #[test]
 fn forged_headers_never_panic() {
-    use speckv::format::checksum::checksum;
+    use speckv::hash::checksum;
     use speckv::format::header::header_len;
 
     for model in [ModelKind::Exact, ModelKind::Fast] {

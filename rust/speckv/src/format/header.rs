@@ -29,9 +29,9 @@
 //! Version 1 differs only in bytes 10-11 (both 0) and in coding each chunk with two lanes
 //! (`chunk::LANES_V1`); its models are the same, so this build decodes it as it was written.
 
-use crate::hash::{checksum, Hasher};
 use crate::chunk::{ModelKind, LANES, LANES_V1};
 use crate::error::{corrupt, Error, Result};
+use crate::hash::{checksum, Hasher};
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
 use crate::DType;
@@ -254,7 +254,9 @@ impl Header {
             (1, 0, 0) => LANES_V1 as u8,
             (_, lanes, 0) if version > 1 && lanes as usize == LANES => lanes,
             (1, _, _) | (_, _, 1..) => return corrupt("reserved header bytes are not zero"),
-            (_, lanes, _) => return Err(Error::Unsupported(format!("{lanes} coder lanes per chunk; this build reads {LANES}"))),
+            (_, lanes, _) => {
+                return Err(Error::Unsupported(format!("{lanes} coder lanes per chunk; this build reads {LANES}")))
+            }
         };
         let chunk_scalars = r.u32()?;
         let n_scalars = r.u64()?;

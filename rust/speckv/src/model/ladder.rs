@@ -136,10 +136,7 @@ impl ScaleMap {
     /// The same choice, unpacked, for a prediction with this exponent field.
     pub fn choose(&self, sigma_code: i16, exponent_field: u32) -> TableChoice {
         let word = self.choose_packed(sigma_code, exponent_field << self.mantissa_bits);
-        TableChoice {
-            table: word & CHOICE_TABLE_MASK,
-            shift: (word >> CHOICE_SHIFT_POS) as u8,
-        }
+        TableChoice { table: word & CHOICE_TABLE_MASK, shift: (word >> CHOICE_SHIFT_POS) as u8 }
     }
 }
 

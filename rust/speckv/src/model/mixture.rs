@@ -97,15 +97,7 @@ impl MixtureCdf {
             h.update(&v.to_le_bytes());
         }
         let slot_multiplier = (1u64 << (32 + GUESS_BITS)) / g_max as u64;
-        MixtureCdf {
-            nodes,
-            inverse_z,
-            g_max,
-            precision,
-            half_width,
-            slot_multiplier,
-            digest: h.finish(),
-        }
+        MixtureCdf { nodes, inverse_z, g_max, precision, half_width, slot_multiplier, digest: h.finish() }
     }
 
     pub fn digest(&self) -> u64 {

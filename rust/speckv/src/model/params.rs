@@ -2,7 +2,6 @@
 //! exactly the encoder's model; every value read from a header is range-checked here before it
 //! sizes anything.
 
-
 /// Model tunables. `Default` is what `encode` uses; other values are accepted when decoding as
 /// long as they are within the stated bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
