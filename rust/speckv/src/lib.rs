@@ -19,6 +19,7 @@ pub mod codec;
 pub mod coder;
 pub mod dtype;
 pub mod error;
+mod exact;
 pub mod format;
 pub mod hash;
 pub mod model;

@@ -167,8 +167,8 @@ fn perturbed_prediction_is_a_mismatch() {
 /// field must still be validated before it sizes anything, and nothing may panic or hang.
 #[test]
 fn forged_headers_never_panic() {
-    use speckv::hash::checksum;
     use speckv::format::header::header_len;
+    use speckv::hash::checksum;
 
     for model in [ModelKind::Exact, ModelKind::Fast] {
         let (stream, x, mu, codes) = small_stream(model);

@@ -89,6 +89,17 @@ impl ValueGrid {
         self.dtype
     }
 
+    /// Every lower edge (see `lower_edge`), for kernels that read them directly.
+    pub(crate) fn edges(&self) -> &[f32] {
+        &self.lower_edge
+    }
+
+    /// `(mantissa bits, exponent bias, largest finite magnitude)`: what `ordinal_toward_zero`
+    /// needs of the format.
+    pub(crate) fn layout(&self) -> (u32, i64, u32) {
+        (self.mantissa_bits, self.exponent_bias, self.max_magnitude)
+    }
+
     /// Lower edge of the interval of finite ordinal `k`; `k = max_ordinal + 1` gives the upper
     /// edge of the largest value. Out-of-range `k` is clamped.
     #[inline(always)]

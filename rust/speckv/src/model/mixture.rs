@@ -22,13 +22,13 @@ use super::params::ModelParams;
 use crate::hash::Hasher;
 
 /// Grid steps per unit of z.
-const STEPS_PER_Z: f64 = 64.0;
+pub(crate) const STEPS_PER_Z: f64 = 64.0;
 /// Fraction bits of the interpolation.
-const FRACTION_BITS: u32 = 16;
+pub(crate) const FRACTION_BITS: u32 = 16;
 /// Largest window, in patterns (every finite pattern of a 16-bit format fits).
 pub const MAX_WINDOW: u32 = 1 << 16;
 /// Bits of the slot index of the inverse table the decoder guesses from.
-const GUESS_BITS: u32 = 12;
+pub(crate) const GUESS_BITS: u32 = 12;
 
 /// The fixed-point mixture CDF and its coarse inverse.
 #[derive(Debug)]
@@ -104,6 +104,20 @@ impl MixtureCdf {
         self.digest
     }
 
+    /// The grid nodes `G(z_i)` (with the repeated last one) and the inverse table, for
+    /// kernels that read them directly (`exact::avx2`).
+    pub(crate) fn nodes(&self) -> &[u32] {
+        &self.nodes
+    }
+
+    pub(crate) fn inverse_z(&self) -> &[f32] {
+        &self.inverse_z
+    }
+
+    pub(crate) fn slot_multiplier(&self) -> u64 {
+        self.slot_multiplier
+    }
+
     /// `G(z)`: 0 below `-W`, `G_MAX` above `W`, interpolated between grid nodes.
     #[inline(always)]
     pub fn eval(&self, z: f64) -> u32 {
@@ -164,6 +178,16 @@ mod tests {
         assert!((one_sigma - expected).abs() < 1e-5, "{one_sigma} {expected}");
         let total = 1u64 << 24;
         assert!(g.g_max as u64 + MAX_WINDOW as u64 <= total - ((params.weight_escape as u64 * total) >> 16));
+    }
+
+    /// The digest covers every node of the table both sides code with; it is written to each
+    /// stream and checked before decoding. A change here changes coded bytes: it needs a
+    /// format version (and the old tables kept for old streams).
+    #[test]
+    fn table_construction_is_pinned() {
+        let g = MixtureCdf::build(&ModelParams::default());
+        assert_eq!(format!("{:016x}", g.digest()), "ea7de0b00c548348");
+        assert_eq!((g.nodes.len(), g.g_max), (3074, 16_707_584));
     }
 
     #[test]
