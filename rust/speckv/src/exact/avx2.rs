@@ -147,7 +147,32 @@ unsafe fn ordinal_toward_zero(c: &Consts, v: __m256d) -> __m256i {
 #[inline(always)]
 unsafe fn lower_edge(c: &Consts, k: __m256i) -> __m256d {
     let index = min_i64(max_i64(_mm256_sub_epi64(k, c.min_ord), c.zero), c.last_edge);
-    _mm256_cvtps_pd(_mm_i32gather_ps::<4>(c.edges, pack32(index)))
+    _mm256_cvtps_pd(gather_f32(c.edges, pack32(index)))
+}
+
+/// Four f32 loads at `base[idx[l]]`. Separate loads, not `vgatherdps`: on the processors at
+/// hand a gather's latency is several times that of four loads, and the decoder's steps wait
+/// on these reads one after another.
+#[inline(always)]
+unsafe fn gather_f32(base: *const f32, idx: __m128i) -> __m128 {
+    let mut i = [0i32; 4];
+    _mm_storeu_si128(i.as_mut_ptr() as *mut __m128i, idx);
+    _mm_setr_ps(
+        *base.offset(i[0] as isize),
+        *base.offset(i[1] as isize),
+        *base.offset(i[2] as isize),
+        *base.offset(i[3] as isize),
+    )
+}
+
+/// Four unaligned 64-bit loads at byte offset `4 * idx[l]` of `base` (a pair of 32-bit
+/// entries each); see `gather_f32`.
+#[inline(always)]
+unsafe fn gather_pairs(base: *const u32, idx: __m128i) -> __m256i {
+    let mut i = [0i32; 4];
+    _mm_storeu_si128(i.as_mut_ptr() as *mut __m128i, idx);
+    let at = |l: usize| (base.offset(i[l] as isize) as *const i64).read_unaligned();
+    _mm256_setr_epi64x(at(0), at(1), at(2), at(3))
 }
 
 /// Four scalars' setup (`Exact::setup`), all with finite `mu`.
@@ -191,7 +216,7 @@ unsafe fn eval(c: &Consts, z: __m256d) -> __m128i {
     let fraction = _mm_and_si128(fixed, _mm_set1_epi32((1 << FRACTION_BITS) - 1));
     // nodes[i] in the low half of each 64-bit lane, nodes[i + 1] in the high half (i <= last,
     // so both are inside the table).
-    let pairs = _mm256_i32gather_epi64::<4>(c.nodes as *const i64, i);
+    let pairs = gather_pairs(c.nodes as *const u32, i);
     let a = _mm256_and_si256(pairs, _mm256_set1_epi64x(0xFFFF_FFFF));
     let b = _mm256_srli_epi64::<32>(pairs);
     let rise = _mm256_mul_epu32(_mm256_sub_epi64(b, a), _mm256_cvtepu32_epi64(fraction));
@@ -203,7 +228,7 @@ unsafe fn eval(c: &Consts, z: __m256d) -> __m128i {
 #[inline(always)]
 unsafe fn cum_pair(c: &Consts, s: &Setups, k: __m256i) -> (__m128i, __m128i) {
     let index = min_i64(max_i64(_mm256_sub_epi64(k, c.min_ord), c.zero), c.last_pair);
-    let pairs = _mm256_i32gather_epi64::<4>(c.edges as *const i64, pack32(index));
+    let pairs = gather_pairs(c.edges as *const u32, pack32(index));
     let lower = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(pairs, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0)));
     let upper = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(pairs, _mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0)));
     let z0 = _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lower)), s.mu), s.inv_sigma);
@@ -301,8 +326,8 @@ unsafe fn candidates(c: &Consts, s: &Setups, q: [u32; 4]) -> Candidates {
         _mm256_cvtepi32_pd(pack32(_mm256_srli_epi64::<8>(_mm256_and_si256(fixed, _mm256_set1_epi64x(0xFFFF_FFFF))))),
         _mm256_set1_pd(1.0 / (1u64 << 24) as f64),
     );
-    let za = _mm256_cvtps_pd(_mm_i32gather_ps::<4>(c.inverse, slot));
-    let zb = _mm256_cvtps_pd(_mm_i32gather_ps::<4>(c.inverse, _mm_add_epi32(slot, _mm_set1_epi32(1))));
+    let za = _mm256_cvtps_pd(gather_f32(c.inverse, slot));
+    let zb = _mm256_cvtps_pd(gather_f32(c.inverse, _mm_add_epi32(slot, _mm_set1_epi32(1))));
     let z = _mm256_add_pd(za, _mm256_mul_pd(_mm256_sub_pd(zb, za), fraction));
     let v = _mm256_add_pd(s.mu, _mm256_mul_pd(z, s.sigma));
     // The pattern holding v is the truncated ordinal k0 or its neighbour away from zero: two
