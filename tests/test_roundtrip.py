@@ -169,3 +169,99 @@ def test_decoding_a_run_of_chunks():
     assert same_bits(layer.reshape(4, 250), x[2])
     with pytest.raises(ValueError, match="chunks"):
         speckv.decode(stream, mu, sigma, chunks=(3, 11))
+
+
+def _hard_predictions(draw, name, shape):
+    """mu where the exact model's tables are hardest to get right: binade edges (powers of
+    two and their neighbours), zero and the subnormals, the largest values, NaN and infinities,
+    plus sigma from far below the format's spacing to far above the values."""
+    dtype = DTYPES[name][0]
+    finfo = ml_dtypes.finfo(dtype)
+    tiny = float(finfo.smallest_normal)
+    edges = [2.0**e for e in range(int(np.log2(tiny)) - 3, 6)]
+    pool = np.array(
+        edges
+        + [np.nextafter(np.float32(e), np.float32(0)) for e in edges]
+        + [np.nextafter(np.float32(e), np.float32(np.inf)) for e in edges]
+        + [0.0, -0.0, tiny / 2, tiny * 0.75, float(finfo.max), np.nan, np.inf, -np.inf],
+        dtype=np.float32,
+    )
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    signs = np.where(rng.random(shape) < 0.5, -1, 1).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        mu = (rng.choice(pool, size=shape) * signs).astype(np.float32)
+    scale = draw(st.sampled_from([1e-40, 1e-8, tiny, 1e-3, 0.3, 10.0, 1e30]))
+    sigma = (scale * np.exp(rng.uniform(-2, 2, shape[-1:] or (1,)))).astype(np.float32)
+    noise = rng.standard_normal(shape).astype(np.float32) * sigma
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = (np.nan_to_num(mu, nan=0.0, posinf=1.0, neginf=-1.0) + noise).astype(dtype)
+    return x, mu, sigma
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
+@given(data=st.data())
+def test_exact_model_at_binade_edges_zero_and_extremes(name, data):
+    shape = data.draw(shapes.filter(lambda s: len(s) >= 1 and 0 < int(np.prod(s)) <= 2000))
+    x, mu, sigma = _hard_predictions(data.draw, name, shape)
+    stream = speckv.encode(x, mu, sigma, threads=2)
+    assert same_bits(speckv.decode(stream, mu, sigma, threads=1), x)
+
+
+def test_sigma_codes_are_the_integer_parameters():
+    rng = np.random.default_rng(8)
+    mu = rng.standard_normal((50, 64)).astype(np.float32)
+    sigma = np.logspace(-3, 0, 64).astype(np.float32)
+    x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
+    codes = speckv.sigma_codes(sigma)
+    assert codes.dtype == np.int16 and codes.shape == sigma.shape
+    assert codes.tolist() == [round(8 * np.log2(float(s))) for s in sigma]
+    stream = speckv.encode(x, mu, sigma)
+    assert speckv.encode(x, mu, sigma_codes=codes) == stream
+    assert same_bits(speckv.decode(stream, mu, sigma_codes=codes), x)
+    assert speckv.ideal_bits(x, mu, sigma_codes=codes) == speckv.ideal_bits(x, mu, sigma)
+    with pytest.raises(TypeError, match="sigma_codes"):
+        speckv.encode(x, mu, sigma_codes=codes.astype(np.int32))
+    with pytest.raises(ValueError, match="not both"):
+        speckv.encode(x, mu, sigma, sigma_codes=codes)
+    with pytest.raises(ValueError, match="broadcast"):
+        speckv.encode(x, mu, sigma_codes=codes[:10])
+
+
+_CROSS_SCRIPT = """
+import sys, numpy as np, ml_dtypes, speckv
+dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[sys.argv[2]]
+rng = np.random.default_rng(9)
+mu = rng.standard_normal((300, 96)).astype(np.float32) * np.logspace(-3, 1, 96).astype(np.float32)
+sigma = np.logspace(-4, 0, 96).astype(np.float32)
+x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma * 3).astype(dtype)
+x.reshape(-1)[::97] = np.nan
+mu.reshape(-1)[::89] = np.inf
+if sys.argv[1] == "encode":
+    sys.stdout.buffer.write(speckv.encode(x, mu, sigma, chunk_size=7000))
+else:
+    back = speckv.decode(sys.stdin.buffer.read(), mu, sigma)
+    assert (back.view(np.uint16) == x.view(np.uint16)).all()
+"""
+
+
+def _run_cross(simd: str, mode: str, dtype: str, stream: bytes = b"") -> bytes:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SPECKV_SIMD=simd)
+    args = [sys.executable, "-c", _CROSS_SCRIPT, mode, dtype]
+    done = subprocess.run(args, input=stream, env=env, capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_vector_and_portable_kernels_write_and_read_the_same_bytes(dtype):
+    """The AVX2 kernels (where the processor has them) and the portable code (SPECKV_SIMD=0)
+    write identical streams and decode each other's."""
+    vector = _run_cross("1", "encode", dtype)
+    portable = _run_cross("0", "encode", dtype)
+    assert len(vector) > 1000 and vector == portable
+    _run_cross("0", "decode", dtype, vector)
+    _run_cross("1", "decode", dtype, portable)

@@ -16,7 +16,7 @@
 //!
 //! Lanes: scalar `i` goes to range coder `i % N`, each writing its own word stream. A
 //! decoder's work on one symbol depends on the symbol before it in the same coder; `N`
-//! independent chains let the processor overlap them (format version 2 writes `LANES` = 4,
+//! independent chains let the processor overlap them (format version 2 writes `LANES` = 8,
 //! version 1 wrote 2). The payload is `[lengths of lanes 0..N-2: u32 LE each][lane 0
 //! words]...[lane N-1 words]` (the last lane's length is what remains).
 
@@ -33,7 +33,7 @@ use crate::words::Word;
 use crate::DType;
 
 /// Independent coders per chunk in streams this build writes (format version 2).
-pub const LANES: usize = 4;
+pub const LANES: usize = 8;
 /// Coders per chunk in format version 1 streams, which this build still reads.
 pub const LANES_V1: usize = 2;
 

@@ -64,10 +64,14 @@ impl<'a> Exact<'a> {
         let full = x.len() / N * N;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(lanes4), Some(x16)) = (self.vectorised(), avx2::lanes4(lanes), W::as_u16(x)) {
-            // SAFETY: `vectorised()` checked that this processor has AVX2.
-            unsafe { avx2::encode(self, lanes4, escapes, &x16[..full], &mu[..full], &codes[..full]) };
-            done = full;
+        if let (true, Some(x16)) = (self.vectorised(), W::as_u16(x)) {
+            let (x16, mu, codes) = (&x16[..full], &mu[..full], &codes[..full]);
+            // SAFETY: `vectorised()` checked that this processor has AVX2; `lanes` has N.
+            done = match N {
+                4 => unsafe { avx2::encode::<S, 1>(self, lanes, escapes, x16, mu, codes) },
+                8 => unsafe { avx2::encode::<S, 2>(self, lanes, escapes, x16, mu, codes) },
+                _ => 0,
+            };
         }
         for base in (done..full).step_by(N) {
             let group = base..base + N;
@@ -97,10 +101,14 @@ impl<'a> Exact<'a> {
         let full = out.len() / N * N;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(lanes4), Some(out16)) = (self.vectorised(), avx2::lanes4(lanes), W::as_u16_mut(out)) {
-            // SAFETY: `vectorised()` checked that this processor has AVX2.
-            unsafe { avx2::decode(self, lanes4, escapes, &mut out16[..full], &mu[..full], &codes[..full]) };
-            done = full;
+        if let (true, Some(out16)) = (self.vectorised(), W::as_u16_mut(out)) {
+            let (out16, mu, codes) = (&mut out16[..full], &mu[..full], &codes[..full]);
+            // SAFETY: `vectorised()` checked that this processor has AVX2; `lanes` has N.
+            done = match N {
+                4 => unsafe { avx2::decode::<1>(self, lanes, escapes, out16, mu, codes) },
+                8 => unsafe { avx2::decode::<2>(self, lanes, escapes, out16, mu, codes) },
+                _ => 0,
+            };
         }
         for base in (done..full).step_by(N) {
             let group = base..base + N;
@@ -467,56 +475,67 @@ mod tests {
             eprintln!("skipped: no AVX2 on this processor");
             return;
         }
-        let params = ModelParams::default();
         for dtype in [DType::BFloat16, DType::Float16] {
-            let (cdf, grid) = exact(dtype);
-            let ex = Exact::new(&cdf, &grid, SigmaTable::shared());
             for seed in 0..6 {
-                let c = case(dtype, 4096, seed);
-                // Encode: the same intervals, in the same order, per lane.
-                let (mut portable, mut vector): ([Recorder; 4], [Recorder; 4]) = Default::default();
-                let mut esc = RawPatternModel::new(dtype, &params);
-                for base in (0..c.x.len()).step_by(4) {
-                    let g = base..base + 4;
-                    ex.encode_group(
-                        &mut portable,
-                        &mut esc,
-                        c.x[g.clone()].try_into().unwrap(),
-                        c.mu[g.clone()].try_into().unwrap(),
-                        c.codes[g].try_into().unwrap(),
-                    );
-                }
-                let mut esc = RawPatternModel::new(dtype, &params);
-                // SAFETY: AVX2 was detected above.
-                unsafe { avx2::encode(&ex, &mut vector, &mut esc, &c.x, &c.mu, &c.codes) };
-                assert_eq!(portable, vector, "{dtype:?} seed {seed}");
-                // Decode: what one side encodes, the other decodes.
-                let mut lanes: [RangeEncoder; 4] = Default::default();
-                let mut esc = RawPatternModel::new(dtype, &params);
-                unsafe { avx2::encode(&ex, &mut lanes, &mut esc, &c.x, &c.mu, &c.codes) };
-                let words = lanes.map(RangeEncoder::finish);
-                let decoders = || -> [RangeDecoder; 4] { std::array::from_fn(|l| RangeDecoder::new(&words[l])) };
-                let mut dec = decoders();
-                let mut esc = RawPatternModel::new(dtype, &params);
-                let mut out = vec![0u16; c.x.len()];
-                unsafe { avx2::decode(&ex, &mut dec, &mut esc, &mut out, &c.mu, &c.codes) };
-                assert_eq!(out, c.x, "{dtype:?} seed {seed}: vector decode");
-                assert!(dec.iter().all(|d| d.finished_cleanly()));
-                let mut dec = decoders();
-                let mut esc = RawPatternModel::new(dtype, &params);
-                let mut out = vec![0u16; c.x.len()];
-                for base in (0..c.x.len()).step_by(4) {
-                    let g = base..base + 4;
-                    ex.decode_group(
-                        &mut dec,
-                        &mut esc,
-                        (&mut out[g.clone()]).try_into().unwrap(),
-                        c.mu[g.clone()].try_into().unwrap(),
-                        c.codes[g].try_into().unwrap(),
-                    );
-                }
-                assert_eq!(out, c.x, "{dtype:?} seed {seed}: portable decode");
+                kernels_agree::<4, 1>(dtype, seed);
+                kernels_agree::<8, 2>(dtype, seed);
             }
         }
+    }
+
+    /// The AVX2 kernels with `H` quads (`N = 4 H` lanes) against the portable group steps:
+    /// the same intervals in the same order per lane when encoding, and each side decodes
+    /// what the other encodes.
+    #[cfg(target_arch = "x86_64")]
+    fn kernels_agree<const N: usize, const H: usize>(dtype: DType, seed: u64) {
+        let params = ModelParams::default();
+        let (cdf, grid) = exact(dtype);
+        let ex = Exact::new(&cdf, &grid, SigmaTable::shared());
+        let c = case(dtype, 4096, seed);
+        let portable_encode = |sinks: &mut [Recorder; N]| {
+            let mut esc = RawPatternModel::new(dtype, &params);
+            for base in (0..c.x.len()).step_by(N) {
+                let g = base..base + N;
+                ex.encode_group(
+                    sinks,
+                    &mut esc,
+                    c.x[g.clone()].try_into().unwrap(),
+                    c.mu[g.clone()].try_into().unwrap(),
+                    c.codes[g].try_into().unwrap(),
+                );
+            }
+        };
+        let mut portable: [Recorder; N] = std::array::from_fn(|_| Recorder::default());
+        portable_encode(&mut portable);
+        let mut vector: [Recorder; N] = std::array::from_fn(|_| Recorder::default());
+        let mut esc = RawPatternModel::new(dtype, &params);
+        // SAFETY (here and below): the caller checked for AVX2.
+        unsafe { avx2::encode::<_, H>(&ex, &mut vector, &mut esc, &c.x, &c.mu, &c.codes) };
+        assert_eq!(portable, vector, "{dtype:?} seed {seed} lanes {N}");
+        let mut lanes: [RangeEncoder; N] = std::array::from_fn(|_| RangeEncoder::new());
+        let mut esc = RawPatternModel::new(dtype, &params);
+        unsafe { avx2::encode::<_, H>(&ex, &mut lanes, &mut esc, &c.x, &c.mu, &c.codes) };
+        let words = lanes.map(RangeEncoder::finish);
+        let decoders = || -> [RangeDecoder; N] { std::array::from_fn(|l| RangeDecoder::new(&words[l])) };
+        let mut dec = decoders();
+        let mut esc = RawPatternModel::new(dtype, &params);
+        let mut out = vec![0u16; c.x.len()];
+        unsafe { avx2::decode::<H>(&ex, &mut dec, &mut esc, &mut out, &c.mu, &c.codes) };
+        assert_eq!(out, c.x, "{dtype:?} seed {seed} lanes {N}: vector decode");
+        assert!(dec.iter().all(|d| d.finished_cleanly()));
+        let mut dec = decoders();
+        let mut esc = RawPatternModel::new(dtype, &params);
+        let mut out = vec![0u16; c.x.len()];
+        for base in (0..c.x.len()).step_by(N) {
+            let g = base..base + N;
+            ex.decode_group(
+                &mut dec,
+                &mut esc,
+                (&mut out[g.clone()]).try_into().unwrap(),
+                c.mu[g.clone()].try_into().unwrap(),
+                c.codes[g].try_into().unwrap(),
+            );
+        }
+        assert_eq!(out, c.x, "{dtype:?} seed {seed} lanes {N}: portable decode");
     }
 }

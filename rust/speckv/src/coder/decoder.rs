@@ -44,13 +44,29 @@ impl<'a> RangeDecoder<'a> {
     }
 
     /// Removes the symbol `[cum, cum + freq)` found from the last `peek`.
+    ///
+    /// Whether a word is shifted in depends on the data (about every fifth symbol at six bits
+    /// each), so it is done without a branch: the next word is always read, and kept or not by
+    /// a select. A mispredicted jump here would throw away the other lanes' work in flight.
     #[inline(always)]
     pub fn consume(&mut self, cum: u32, freq: u32) {
-        self.point = self.point.wrapping_sub(self.scale * cum as u64);
-        self.range = self.scale.wrapping_mul(freq as u64).max(1);
-        if self.range < MIN_RANGE {
-            self.point = (self.point << WORD_BITS) | self.next_word() as u64;
-            self.range <<= WORD_BITS;
+        let point = self.point.wrapping_sub(self.scale * cum as u64);
+        let range = self.scale.wrapping_mul(freq as u64).max(1);
+        // Shifts and masks rather than `if`, which the compiler would turn back into a jump.
+        let refill = (range < MIN_RANGE) as u64;
+        let shift = refill as u32 * WORD_BITS;
+        let word = self.peek_word() as u64 & 0u64.wrapping_sub(refill);
+        self.point = (point << shift) | word;
+        self.range = range << shift;
+        self.pos = self.pos.saturating_add(4 * refill as usize);
+    }
+
+    /// The word at `pos` without advancing (zero past the end, invariant 5).
+    #[inline(always)]
+    fn peek_word(&self) -> u32 {
+        match self.input.get(self.pos..self.pos + 4) {
+            Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            None => 0,
         }
     }
 

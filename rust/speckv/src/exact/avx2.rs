@@ -8,7 +8,7 @@
 //! differently (lower precision), and a guess never decides anything: every decoded symbol is
 //! confirmed by `cum`, exactly as in `Exact::decode_group`.
 //!
-//! Per group of four scalars (one per lane): the setup (window, leak, escape) in vectors; then
+//! Per quad of scalars (one per lane): the setup (window, leak, escape) in vectors; then
 //! the four coders' slots; the guesses; `cum` at both ends; and last, lane by lane in order,
 //! the coder step (or the portable slow path for escapes, misses and non-finite `mu`).
 
@@ -26,11 +26,6 @@ pub(crate) fn enabled() -> bool {
     *ENABLED.get_or_init(|| {
         std::env::var("SPECKV_SIMD").map_or(true, |v| v.trim() != "0") && is_x86_feature_detected!("avx2")
     })
-}
-
-/// `lanes` as four lanes, when there are four.
-pub(crate) fn lanes4<T, const N: usize>(lanes: &mut [T; N]) -> Option<&mut [T; 4]> {
-    (&mut lanes[..]).try_into().ok()
 }
 
 /// The constants of one stream's exact model, broadcast once per call.
@@ -257,22 +252,25 @@ fn all_finite(mu: &[f32]) -> bool {
     mu.iter().all(|m| m.is_finite())
 }
 
-/// `Exact::encode` for 16-bit formats and four lanes: every group of `x` (a multiple of 4).
+/// `Exact::encode` for 16-bit formats and `4 * H` lanes: every group of `x` (a multiple of
+/// `4 * H`), one quad of lanes after the other.
 ///
 /// # Safety
-/// The processor must have AVX2 (`enabled()`).
+/// The processor must have AVX2 (`enabled()`); `lanes` holds `4 * H` coders.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn encode<S: SymbolSink>(
+pub(crate) unsafe fn encode<S: SymbolSink, const H: usize>(
     ex: &Exact,
-    lanes: &mut [S; 4],
+    lanes: &mut [S],
     escapes: &mut RawPatternModel,
     x: &[u16],
     mu: &[f32],
     codes: &[i16],
-) {
+) -> usize {
+    assert_eq!(lanes.len(), 4 * H);
     let c = Consts::new(ex);
     let precision = ex.cdf.precision;
     for base in (0..x.len()).step_by(4) {
+        let lanes: &mut [S; 4] = (&mut lanes[base % (4 * H)..base % (4 * H) + 4]).try_into().unwrap();
         let (xs, mus, cs) = (&x[base..base + 4], &mu[base..base + 4], &codes[base..base + 4]);
         if !all_finite(mus) {
             ex.encode_group(lanes, escapes, xs.try_into().unwrap(), mus.try_into().unwrap(), cs.try_into().unwrap());
@@ -300,6 +298,7 @@ pub(crate) unsafe fn encode<S: SymbolSink>(
             }
         }
     }
+    x.len()
 }
 
 /// What the decoder of one quad of lanes has computed before its coders step: for each lane
@@ -312,10 +311,13 @@ struct Candidates {
     second: [i64; 4],
 }
 
-/// The guess (`Exact::guess`, in lower precision) and its candidates for one quad.
+/// The guess (`Exact::guess`, in lower precision) for one quad: the first of its two
+/// candidate patterns.
 #[inline(always)]
-unsafe fn candidates(c: &Consts, s: &Setups, q: [u32; 4]) -> Candidates {
-    let qv = _mm256_cvtepu32_epi64(_mm_loadu_si128(q.as_ptr() as *const __m128i));
+unsafe fn guess(c: &Consts, s: &Setups, q: [u32; 4]) -> __m256i {
+    // From registers, not memory: four scalar stores read back as one vector would stall on
+    // store forwarding, on the decoder's critical path.
+    let qv = _mm256_setr_epi64x(q[0] as i64, q[1] as i64, q[2] as i64, q[3] as i64);
     // Leak off q, then the inverse CDF by interpolation between slot edges.
     let leak = min_i64(max_i64(_mm256_sub_epi64(ordinal_toward_zero(c, s.mu), s.lo), c.zero), s.n);
     let target = min_i64(max_i64(_mm256_sub_epi64(qv, leak), c.zero), c.g_top);
@@ -331,12 +333,18 @@ unsafe fn candidates(c: &Consts, s: &Setups, q: [u32; 4]) -> Candidates {
     let z = _mm256_add_pd(za, _mm256_mul_pd(_mm256_sub_pd(zb, za), fraction));
     let v = _mm256_add_pd(s.mu, _mm256_mul_pd(z, s.sigma));
     // The pattern holding v is the truncated ordinal k0 or its neighbour away from zero: two
-    // candidates from `base`, with `cum` at base, base + 1 and base + 2 read side by side
-    // instead of one after another (as `nearest_ordinal` would).
+    // candidates from `base`, whose `cum` values (`candidates`) are read side by side instead
+    // of one after another (as `nearest_ordinal` would).
     let k0 = ordinal_toward_zero(c, v);
     let negative = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_LT_OQ>(v, _mm256_setzero_pd()));
     let hi = _mm256_sub_epi64(_mm256_add_epi64(s.lo, s.n), c.one);
-    let base = min_i64(max_i64(_mm256_add_epi64(k0, negative), s.lo), max_i64(_mm256_sub_epi64(hi, c.one), s.lo));
+    min_i64(max_i64(_mm256_add_epi64(k0, negative), s.lo), max_i64(_mm256_sub_epi64(hi, c.one), s.lo))
+}
+
+/// `cum` at `base`, `base + 1` and `base + 2` of one quad.
+#[inline(always)]
+unsafe fn candidates(c: &Consts, s: &Setups, q: [u32; 4], base: __m256i) -> Candidates {
+    let hi = _mm256_sub_epi64(_mm256_add_epi64(s.lo, s.n), c.one);
     let (c0, c1) = cum_pair(c, s, base);
     let c2 = cum(c, s, _mm256_add_epi64(base, _mm256_set1_epi64x(2)));
     let mut out = Candidates { q, base: [0; 4], cums: [[0; 4]; 3], second: [0; 4] };
@@ -360,12 +368,15 @@ unsafe fn finish(
 ) {
     for l in 0..4 {
         let (q, [c0, c1, c2]) = (k.q[l], [k.cums[0][l], k.cums[1][l], k.cums[2][l]]);
-        // Which candidate `q` points at, chosen without a branch (it is a coin toss).
-        let up = q >= c1;
-        let (low, high) = if up { (c1, c2) } else { (c0, c1) };
-        // As in `Exact::decode_group`: `q < high` inside the window implies that `q` is
-        // below the escape.
-        let ordinal = if c0 <= q && q < high && (!up || k.second[l] != 0) {
+        // Which candidate `q` points at: a coin toss, so chosen with masks (an `if` here
+        // compiles to a jump that mispredicts half the time).
+        let up = (q >= c1) as u32;
+        let mask = 0u32.wrapping_sub(up);
+        let (low, high) = ((c0 & !mask) | (c1 & mask), (c1 & !mask) | (c2 & mask));
+        // One branch, taken nearly always: `&` rather than `&&`, so that `up` decides no jump.
+        // As in `Exact::decode_group`, `q < high` inside the window implies that `q` is below
+        // the escape.
+        let ordinal = if (c0 <= q) & (q < high) & ((up == 0) | (k.second[l] != 0)) {
             lanes[l].consume(low, high - low);
             k.base[l] + up as i64
         } else {
@@ -376,31 +387,63 @@ unsafe fn finish(
     }
 }
 
-/// `Exact::decode` for 16-bit formats and four lanes: every group of `out` (a multiple of 4).
+/// `Exact::decode` for 16-bit formats and `4 * H` lanes: every group of `out` (a multiple of
+/// `4 * H`).
+///
+/// Decoding is bound by latency: each lane's slot waits for its previous symbol, and the
+/// guess, the candidates' `cum` and the coder step wait on the slot. With `H = 2` the two
+/// quads' chains are independent, and their stages are interleaved in the instruction
+/// stream (slots A, B; guesses A, B; `cum` A, B; steps A, B) so the processor works on both
+/// at once.
 ///
 /// # Safety
-/// The processor must have AVX2 (`enabled()`).
+/// The processor must have AVX2 (`enabled()`); `lanes` holds `4 * H` decoders.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn decode(
+pub(crate) unsafe fn decode<const H: usize>(
     ex: &Exact,
-    lanes: &mut [RangeDecoder; 4],
+    lanes: &mut [RangeDecoder],
     escapes: &mut RawPatternModel,
     out: &mut [u16],
     mu: &[f32],
     codes: &[i16],
-) {
+) -> usize {
+    let width = 4 * H;
+    assert_eq!(lanes.len(), width);
     let c = Consts::new(ex);
     let precision = ex.cdf.precision;
-    for base in (0..out.len()).step_by(4) {
-        let (mus, cs) = (&mu[base..base + 4], &codes[base..base + 4]);
-        let group: &mut [u16; 4] = (&mut out[base..base + 4]).try_into().unwrap();
+    for at in (0..out.len()).step_by(width) {
+        let (mus, cs) = (&mu[at..at + width], &codes[at..at + width]);
         if !all_finite(mus) {
-            ex.decode_group(lanes, escapes, group, mus.try_into().unwrap(), cs.try_into().unwrap());
+            for h in 0..H {
+                let quad = 4 * h..4 * h + 4;
+                let lanes: &mut [RangeDecoder; 4] = (&mut lanes[quad.clone()]).try_into().unwrap();
+                let group = (&mut out[at + quad.start..at + quad.end]).try_into().unwrap();
+                ex.decode_group(
+                    lanes,
+                    escapes,
+                    group,
+                    mus[quad.clone()].try_into().unwrap(),
+                    cs[quad].try_into().unwrap(),
+                );
+            }
             continue;
         }
-        let s = setup(&c, ex, mus, cs);
-        let q = std::array::from_fn(|l| lanes[l].peek(precision));
-        let k = candidates(&c, &s, q);
-        finish(ex, lanes, escapes, group, &s, &k);
+        let s: [Setups; H] = std::array::from_fn(|h| setup(&c, ex, &mus[4 * h..], &cs[4 * h..]));
+        let mut q = [[0u32; 4]; H];
+        for h in 0..H {
+            for l in 0..4 {
+                q[h][l] = lanes[4 * h + l].peek(precision);
+            }
+        }
+        let mut base = [_mm256_setzero_si256(); H];
+        for h in 0..H {
+            base[h] = guess(&c, &s[h], q[h]);
+        }
+        let k: [Candidates; H] = std::array::from_fn(|h| candidates(&c, &s[h], q[h], base[h]));
+        for h in 0..H {
+            let quad = at + 4 * h..at + 4 * h + 4;
+            finish(ex, &mut lanes[4 * h..4 * h + 4], escapes, &mut out[quad], &s[h], &k[h]);
+        }
     }
+    out.len()
 }

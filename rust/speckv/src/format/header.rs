@@ -7,7 +7,7 @@
 //! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
-//! 10      1           coder lanes per chunk (4)
+//! 10      1           coder lanes per chunk (8)
 //! 11      1           reserved, 0
 //! 12      4           scalars per chunk (the last chunk may hold fewer)
 //! 16      8           number of scalars (= product of the shape)
