@@ -138,6 +138,20 @@ fn checked_scalars(x: Bits, dtype: DType, shape: &[u64], prediction: Option<&Pre
     Ok(n)
 }
 
+/// Runs `f` with this thread's buffer for a chunk's sigma codes. Reused from chunk to chunk:
+/// a fresh 256 KiB buffer per chunk costs a map, page faults and an unmap, which the threads
+/// of a pool then queue for in the kernel.
+fn with_codes<R>(f: impl FnOnce(&mut Vec<i16>) -> R) -> R {
+    thread_local! {
+        static CODES: std::cell::RefCell<Vec<i16>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    CODES.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut codes) => f(&mut codes),
+        // Only reachable if `f` re-entered this function on the same thread.
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
 /// Codes scalars `range` of `x` into `lanes` (coders or meters), against the prediction if
 /// any, and returns the chunk's prediction fingerprint (0 without one).
 fn code_chunk<W: Word, S: SymbolSink, const N: usize>(
@@ -150,10 +164,11 @@ fn code_chunk<W: Word, S: SymbolSink, const N: usize>(
     match prediction {
         Some(p) => {
             let mu = &p.mu[range.clone()];
-            let mut codes = Vec::new();
-            let fingerprint = codes_and_fingerprint(mu, &p.sigma, range.start, &mut codes);
-            model.encode_predicted(lanes, &x[range], mu, &codes);
-            fingerprint
+            with_codes(|codes| {
+                let fingerprint = codes_and_fingerprint(mu, &p.sigma, range.start, codes);
+                model.encode_predicted(lanes, &x[range], mu, codes);
+                fingerprint
+            })
         }
         None => {
             model.encode_raw(lanes, &x[range.clone()], range.start);
@@ -278,15 +293,17 @@ fn decode_words<W: Word, const N: usize>(
         match prediction {
             Some(p) => {
                 let mu = &p.mu[start..start + piece.len()];
-                let mut codes = Vec::new();
-                let fp = codes_and_fingerprint(mu, &p.sigma, start, &mut codes);
-                if fp != header.chunks[i].fingerprint {
-                    return Err(Error::PredictionMismatch(format!(
-                        "the mu/sigma given differ from the encoder's (chunk {i}, scalars {start}..{})",
-                        start + piece.len()
-                    )));
-                }
-                model.decode_predicted(&mut dec, piece, mu, &codes)
+                with_codes(|codes| {
+                    let fp = codes_and_fingerprint(mu, &p.sigma, start, codes);
+                    if fp != header.chunks[i].fingerprint {
+                        return Err(Error::PredictionMismatch(format!(
+                            "the mu/sigma given differ from the encoder's (chunk {i}, scalars {start}..{})",
+                            start + piece.len()
+                        )));
+                    }
+                    model.decode_predicted(&mut dec, piece, mu, codes);
+                    Ok(())
+                })?
             }
             None => model.decode_raw(&mut dec, piece, start),
         }
