@@ -64,12 +64,12 @@ impl<'a> Exact<'a> {
         let full = x.len() / N * N;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(x16)) = (self.vectorised(), W::as_u16(x)) {
-            let (x16, mu, codes) = (&x16[..full], &mu[..full], &codes[..full]);
+        if self.vectorised() {
+            let (x, mu, codes) = (&x[..full], &mu[..full], &codes[..full]);
             // SAFETY: `vectorised()` checked that this processor has AVX2; `lanes` has N.
             done = match N {
-                4 => unsafe { avx2::encode::<S, 1>(self, lanes, escapes, x16, mu, codes) },
-                8 => unsafe { avx2::encode::<S, 2>(self, lanes, escapes, x16, mu, codes) },
+                4 => unsafe { avx2::encode::<W, S, 1>(self, lanes, escapes, x, mu, codes) },
+                8 => unsafe { avx2::encode::<W, S, 2>(self, lanes, escapes, x, mu, codes) },
                 _ => 0,
             };
         }
@@ -101,12 +101,12 @@ impl<'a> Exact<'a> {
         let full = out.len() / N * N;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(out16)) = (self.vectorised(), W::as_u16_mut(out)) {
-            let (out16, mu, codes) = (&mut out16[..full], &mu[..full], &codes[..full]);
+        if self.vectorised() {
+            let (out, mu, codes) = (&mut out[..full], &mu[..full], &codes[..full]);
             // SAFETY: `vectorised()` checked that this processor has AVX2; `lanes` has N.
             done = match N {
-                4 => unsafe { avx2::decode::<1>(self, lanes, escapes, out16, mu, codes) },
-                8 => unsafe { avx2::decode::<2>(self, lanes, escapes, out16, mu, codes) },
+                4 => unsafe { avx2::decode::<W, 1>(self, lanes, escapes, out, mu, codes) },
+                8 => unsafe { avx2::decode::<W, 2>(self, lanes, escapes, out, mu, codes) },
                 _ => 0,
             };
         }
@@ -126,11 +126,10 @@ impl<'a> Exact<'a> {
         }
     }
 
-    /// Whether the AVX2 kernels run: on x86-64 with AVX2, unless `SPECKV_SIMD=0`, for the
-    /// 16-bit formats (8-bit ones have a constant window and stay portable).
+    /// Whether the AVX2 kernels run: on x86-64 with AVX2, unless `SPECKV_SIMD=0`.
     #[cfg(target_arch = "x86_64")]
     fn vectorised(&self) -> bool {
-        self.grid.max_ordinal >= 256 && avx2::enabled()
+        avx2::enabled()
     }
 
     /// The window of patterns a prediction can code without escaping: every finite pattern
@@ -375,8 +374,8 @@ mod tests {
         }
     }
 
-    struct Case {
-        x: Vec<u16>,
+    struct Case<W = u16> {
+        x: Vec<W>,
         mu: Vec<f32>,
         codes: Vec<i16>,
     }
@@ -475,10 +474,14 @@ mod tests {
             eprintln!("skipped: no AVX2 on this processor");
             return;
         }
-        for dtype in [DType::BFloat16, DType::Float16] {
-            for seed in 0..6 {
-                kernels_agree::<4, 1>(dtype, seed);
-                kernels_agree::<8, 2>(dtype, seed);
+        for seed in 0..6 {
+            for dtype in [DType::BFloat16, DType::Float16] {
+                kernels_agree::<u16, 4, 1>(dtype, seed);
+                kernels_agree::<u16, 8, 2>(dtype, seed);
+            }
+            for dtype in [DType::Float8E4M3Fn, DType::Float8E5M2] {
+                kernels_agree::<u8, 4, 1>(dtype, seed);
+                kernels_agree::<u8, 8, 2>(dtype, seed);
             }
         }
     }
@@ -487,11 +490,12 @@ mod tests {
     /// the same intervals in the same order per lane when encoding, and each side decodes
     /// what the other encodes.
     #[cfg(target_arch = "x86_64")]
-    fn kernels_agree<const N: usize, const H: usize>(dtype: DType, seed: u64) {
+    fn kernels_agree<W: Word + std::fmt::Debug + PartialEq, const N: usize, const H: usize>(dtype: DType, seed: u64) {
         let params = ModelParams::default();
         let (cdf, grid) = exact(dtype);
         let ex = Exact::new(&cdf, &grid, SigmaTable::shared());
         let c = case(dtype, 4096, seed);
+        let c = Case { x: c.x.iter().map(|&v| W::from_u32(v as u32)).collect::<Vec<W>>(), mu: c.mu, codes: c.codes };
         let portable_encode = |sinks: &mut [Recorder; N]| {
             let mut esc = RawPatternModel::new(dtype, &params);
             for base in (0..c.x.len()).step_by(N) {
@@ -510,22 +514,22 @@ mod tests {
         let mut vector: [Recorder; N] = std::array::from_fn(|_| Recorder::default());
         let mut esc = RawPatternModel::new(dtype, &params);
         // SAFETY (here and below): the caller checked for AVX2.
-        unsafe { avx2::encode::<_, H>(&ex, &mut vector, &mut esc, &c.x, &c.mu, &c.codes) };
+        unsafe { avx2::encode::<_, _, H>(&ex, &mut vector, &mut esc, &c.x, &c.mu, &c.codes) };
         assert_eq!(portable, vector, "{dtype:?} seed {seed} lanes {N}");
         let mut lanes: [RangeEncoder; N] = std::array::from_fn(|_| RangeEncoder::new());
         let mut esc = RawPatternModel::new(dtype, &params);
-        unsafe { avx2::encode::<_, H>(&ex, &mut lanes, &mut esc, &c.x, &c.mu, &c.codes) };
+        unsafe { avx2::encode::<_, _, H>(&ex, &mut lanes, &mut esc, &c.x, &c.mu, &c.codes) };
         let words = lanes.map(RangeEncoder::finish);
         let decoders = || -> [RangeDecoder; N] { std::array::from_fn(|l| RangeDecoder::new(&words[l])) };
         let mut dec = decoders();
         let mut esc = RawPatternModel::new(dtype, &params);
-        let mut out = vec![0u16; c.x.len()];
-        unsafe { avx2::decode::<H>(&ex, &mut dec, &mut esc, &mut out, &c.mu, &c.codes) };
+        let mut out = vec![W::default(); c.x.len()];
+        unsafe { avx2::decode::<_, H>(&ex, &mut dec, &mut esc, &mut out, &c.mu, &c.codes) };
         assert_eq!(out, c.x, "{dtype:?} seed {seed} lanes {N}: vector decode");
         assert!(dec.iter().all(|d| d.finished_cleanly()));
         let mut dec = decoders();
         let mut esc = RawPatternModel::new(dtype, &params);
-        let mut out = vec![0u16; c.x.len()];
+        let mut out = vec![W::default(); c.x.len()];
         for base in (0..c.x.len()).step_by(N) {
             let g = base..base + N;
             ex.decode_group(

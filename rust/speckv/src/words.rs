@@ -22,16 +22,6 @@ pub trait Word: Copy + Send + Sync + Default + 'static {
     }
 
     fn from_u32(v: u32) -> Self;
-
-    /// The same slice as 16-bit words when `Self` is `u16` (lets a caller pick a kernel
-    /// written for one width without `unsafe`).
-    fn as_u16(_words: &[Self]) -> Option<&[u16]> {
-        None
-    }
-
-    fn as_u16_mut(_words: &mut [Self]) -> Option<&mut [u16]> {
-        None
-    }
 }
 
 macro_rules! impl_word {
@@ -50,25 +40,8 @@ macro_rules! impl_word {
     };
 }
 impl_word!(u8);
+impl_word!(u16);
 impl_word!(u32);
-
-impl Word for u16 {
-    const BITS: u32 = 16;
-    #[inline(always)]
-    fn to_u32(self) -> u32 {
-        self as u32
-    }
-    #[inline(always)]
-    fn from_u32(v: u32) -> Self {
-        v as u16
-    }
-    fn as_u16(words: &[u16]) -> Option<&[u16]> {
-        Some(words)
-    }
-    fn as_u16_mut(words: &mut [u16]) -> Option<&mut [u16]> {
-        Some(words)
-    }
-}
 
 /// Read-only bit patterns of a whole tensor, in C order.
 #[derive(Debug, Clone, Copy)]

@@ -19,6 +19,7 @@ use super::{Exact, Setup, Window};
 use crate::coder::{RangeDecoder, SymbolSink};
 use crate::model::mixture::{FRACTION_BITS, GUESS_BITS, STEPS_PER_Z};
 use crate::model::RawPatternModel;
+use crate::words::Word;
 
 /// True when this processor has AVX2 and `SPECKV_SIMD` is not `0` (checked once).
 pub(crate) fn enabled() -> bool {
@@ -55,6 +56,9 @@ struct Consts {
     g_top: __m256i,
     slot_mul: __m256i,
     last_slot: __m256i,
+    /// 8-bit formats: every finite pattern is in every window (`Exact::window`).
+    full_window: bool,
+    full_n: __m256i,
     edges: *const f32,
     nodes: *const i32,
     inverse: *const f32,
@@ -88,6 +92,8 @@ impl Consts {
             g_top: _mm256_set1_epi64x(ex.cdf.g_max as i64 - 1),
             slot_mul: _mm256_set1_epi64x(ex.cdf.slot_multiplier() as i64),
             last_slot: _mm256_set1_epi64x((1i64 << GUESS_BITS) - 1),
+            full_window: ex.grid.max_ordinal < 256,
+            full_n: _mm256_set1_epi64x(ex.grid.max_ordinal - ex.grid.min_ordinal + 1),
             edges: edges.as_ptr(),
             nodes: nodes.as_ptr() as *const i32,
             inverse: ex.cdf.inverse_z().as_ptr(),
@@ -186,6 +192,9 @@ unsafe fn setup(c: &Consts, ex: &Exact, mu: &[f32], codes: &[i16]) -> Setups {
     let sigma = _mm256_setr_pd(s[0].0, s[1].0, s[2].0, s[3].0);
     let inv_sigma = _mm256_setr_pd(s[0].1, s[1].1, s[2].1, s[3].1);
     let mu = _mm256_cvtps_pd(_mm_loadu_ps(mu.as_ptr()));
+    if c.full_window {
+        return Setups { mu, sigma, inv_sigma, lo: c.min_ord, n: c.full_n };
+    }
     let reach = _mm256_mul_pd(c.half_width, sigma);
     let lo = max_i64(_mm256_sub_epi64(ordinal_toward_zero(c, _mm256_sub_pd(mu, reach)), c.one), c.min_ord);
     let hi = min_i64(_mm256_add_epi64(ordinal_toward_zero(c, _mm256_add_pd(mu, reach)), c.one), c.max_ord);
@@ -252,17 +261,17 @@ fn all_finite(mu: &[f32]) -> bool {
     mu.iter().all(|m| m.is_finite())
 }
 
-/// `Exact::encode` for 16-bit formats and `4 * H` lanes: every group of `x` (a multiple of
+/// `Exact::encode` for 8- and 16-bit formats and `4 * H` lanes: every group of `x` (a multiple of
 /// `4 * H`), one quad of lanes after the other.
 ///
 /// # Safety
 /// The processor must have AVX2 (`enabled()`); `lanes` holds `4 * H` coders.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn encode<S: SymbolSink, const H: usize>(
+pub(crate) unsafe fn encode<W: Word, S: SymbolSink, const H: usize>(
     ex: &Exact,
     lanes: &mut [S],
     escapes: &mut RawPatternModel,
-    x: &[u16],
+    x: &[W],
     mu: &[f32],
     codes: &[i16],
 ) -> usize {
@@ -277,10 +286,7 @@ pub(crate) unsafe fn encode<S: SymbolSink, const H: usize>(
             continue;
         }
         let s = setup(&c, ex, mus, cs);
-        // Ordinals of x: sign-magnitude to a signed order (`dtype::ordinal_of`).
-        let bits = _mm256_cvtepu16_epi64(_mm_loadl_epi64(xs.as_ptr() as *const __m128i));
-        let sign = _mm256_sub_epi64(c.zero, _mm256_srli_epi64::<15>(bits));
-        let k = _mm256_xor_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0x7FFF)), sign);
+        let k = _mm256_setr_epi64x(xs[0].ordinal(), xs[1].ordinal(), xs[2].ordinal(), xs[3].ordinal());
         let hi = _mm256_sub_epi64(_mm256_add_epi64(s.lo, s.n), c.one);
         let kc = min_i64(max_i64(k, s.lo), hi);
         let (mut below, mut above) = ([0u32; 4], [0u32; 4]);
@@ -358,11 +364,11 @@ unsafe fn candidates(c: &Consts, s: &Setups, q: [u32; 4], base: __m256i) -> Cand
 
 /// The coder steps of one quad, lane by lane in scalar order.
 #[inline(always)]
-unsafe fn finish(
+unsafe fn finish<W: Word>(
     ex: &Exact,
     lanes: &mut [RangeDecoder],
     escapes: &mut RawPatternModel,
-    out: &mut [u16],
+    out: &mut [W],
     s: &Setups,
     k: &Candidates,
 ) {
@@ -383,11 +389,11 @@ unsafe fn finish(
             let setup = lane_setup(ex, s, l);
             ex.decode_slow(&mut lanes[l], escapes, &setup, q, k.base[l], c0)
         };
-        out[l] = crate::dtype::pattern_of(ordinal, 16) as u16;
+        out[l] = W::from_ordinal(ordinal);
     }
 }
 
-/// `Exact::decode` for 16-bit formats and `4 * H` lanes: every group of `out` (a multiple of
+/// `Exact::decode` for 8- and 16-bit formats and `4 * H` lanes: every group of `out` (a multiple of
 /// `4 * H`).
 ///
 /// Decoding is bound by latency: each lane's slot waits for its previous symbol, and the
@@ -399,11 +405,11 @@ unsafe fn finish(
 /// # Safety
 /// The processor must have AVX2 (`enabled()`); `lanes` holds `4 * H` decoders.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn decode<const H: usize>(
+pub(crate) unsafe fn decode<W: Word, const H: usize>(
     ex: &Exact,
     lanes: &mut [RangeDecoder],
     escapes: &mut RawPatternModel,
-    out: &mut [u16],
+    out: &mut [W],
     mu: &[f32],
     codes: &[i16],
 ) -> usize {
