@@ -7,7 +7,8 @@ times on a shared machine are noisy:
   continuous ideal of the same mixture (float64, integrated over each value's rounding
   interval), the single-Gaussian reference (floored at 2^-24), zstd-19, zipnn (if installed)
   and speckv's predictor-free mode;
-* encode/decode throughput of speckv (1 thread, all threads) and of constriction's
+* encode/decode throughput of speckv (1 thread, all threads; the exact model also with its
+  portable kernels, `SPECKV_SIMD=0`, in a child process) and of constriction's
   `stream.queue.RangeEncoder` with `QuantizedGaussian` on the same ordinal residuals and scales.
 
 Usage: python benches/bench_codec.py [--scalars N] [--json out.json] [--repeat K]
@@ -133,6 +134,32 @@ def bench_constriction(d, s, repeat):
     return t_enc, t_dec, compressed.nbytes * 8
 
 
+def portable_speeds(x, mu, sigma, repeat: int) -> tuple[float, float]:
+    """1-thread exact-model encode/decode Msym/s with the portable kernels (`SPECKV_SIMD=0`),
+    in a child process (the kernel choice is made once per process)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(f"{tmp}/x.npy", x.view(np.uint16))
+        np.save(f"{tmp}/mu.npy", mu)
+        np.save(f"{tmp}/sigma.npy", sigma)
+        code = f"""
+import time, numpy as np, ml_dtypes, speckv
+assert speckv.kernels() == "portable"
+x = np.load({tmp!r} + "/x.npy").view(ml_dtypes.bfloat16)
+mu = np.load({tmp!r} + "/mu.npy"); sigma = np.load({tmp!r} + "/sigma.npy")
+te = td = float("inf")
+for _ in range({repeat}):
+    t = time.perf_counter(); data = speckv.encode(x, mu, sigma, threads=1); te = min(te, time.perf_counter() - t)
+    t = time.perf_counter(); speckv.decode(data, mu, sigma, threads=1); td = min(td, time.perf_counter() - t)
+print(x.size / te / 1e6, x.size / td / 1e6)
+"""
+        env = dict(os.environ, SPECKV_SIMD="0")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    enc, dec = out.stdout.split()
+    return float(enc), float(dec)
+
+
 def peak_extra_memory(x, mu, sigma, op: str) -> float:
     """Peak resident memory that one `op` needs beyond its inputs and its output, in units of
     x's size.
@@ -173,14 +200,21 @@ print(max(extra, 0) / x.nbytes)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scalars", type=int, default=1 << 22)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default="bench_results.json")
     args = ap.parse_args()
 
     x, mu, sigma = workload(args.scalars)
     n = x.size
     threads_all = os.cpu_count() or 1
-    res: dict = {"scalars": n, "dtype": "bfloat16", "threads_all": threads_all, "machine": platform.machine()}
+    res: dict = {
+        "scalars": n,
+        "dtype": "bfloat16",
+        "threads_all": threads_all,
+        "machine": platform.machine(),
+        "kernels": speckv.kernels(),
+        "format_version": speckv.FORMAT_VERSION,
+    }
 
     streams = {}
     for model in ("exact", "fast"):
@@ -224,6 +258,8 @@ def main() -> None:
             td, _ = best_time(lambda t=t, m=model: speckv.decode(streams[m], mu, sigma, threads=t), args.repeat)
             speeds[f"{prefix}_encode_{label}"] = n / te / 1e6
             speeds[f"{prefix}_decode_{label}"] = n / td / 1e6
+    portable = portable_speeds(x, mu, sigma, args.repeat)
+    speeds["speckv_portable_encode_1t"], speeds["speckv_portable_decode_1t"] = portable
     d, s = ordinal_residuals_and_scales(x, mu, sigma)
     ce, cd, cbits = bench_constriction(d, s, args.repeat)
     speeds["constriction_encode"] = n / ce / 1e6
@@ -237,6 +273,8 @@ def main() -> None:
         "fast_coded_over_exact_coded": res["bits"]["speckv_fast_coded"] / res["bits"]["speckv_coded"],
         "encode_vs_constriction_1t": speeds["speckv_encode_1t"] / speeds["constriction_encode"],
         "decode_vs_constriction_1t": speeds["speckv_decode_1t"] / speeds["constriction_decode"],
+        "portable_encode_vs_constriction_1t": speeds["speckv_portable_encode_1t"] / speeds["constriction_encode"],
+        "portable_decode_vs_constriction_1t": speeds["speckv_portable_decode_1t"] / speeds["constriction_decode"],
         "fast_encode_vs_constriction_1t": speeds["speckv_fast_encode_1t"] / speeds["constriction_encode"],
         "fast_decode_vs_constriction_1t": speeds["speckv_fast_decode_1t"] / speeds["constriction_decode"],
         "encode_thread_scaling": speeds["speckv_encode_all"] / speeds["speckv_encode_1t"],
@@ -261,7 +299,10 @@ def main() -> None:
         ("zstd -19", res["bits"]["zstd19"]),
         ("zipnn", res["bits"]["zipnn"]),
     ]
-    print(f"workload: {n} bf16 scalars, sigma over two decades, 0.5% outliers; {threads_all} cores")
+    print(
+        f"workload: {n} bf16 scalars, sigma over two decades, 0.5% outliers; {threads_all} cores; "
+        f"kernels {res['kernels']}; format v{res['format_version']}"
+    )
     print(f"{'size':45s} {'bits/scalar':>12s}")
     for name, v in rows:
         print(f"{name:45s} {'n/a' if v is None else f'{v:12.4f}':>12s}")
@@ -269,6 +310,7 @@ def main() -> None:
     print(f"{'speckv exact, 1 thread':45s} {speeds['speckv_encode_1t']:10.1f} {speeds['speckv_decode_1t']:10.1f}")
     for name, enc, dec in (
         (f"speckv exact, {threads_all} threads", "speckv_encode_all", "speckv_decode_all"),
+        ("speckv exact, portable kernels, 1 thread", "speckv_portable_encode_1t", "speckv_portable_decode_1t"),
         ("speckv fast, 1 thread", "speckv_fast_encode_1t", "speckv_fast_decode_1t"),
         (f"speckv fast, {threads_all} threads", "speckv_fast_encode_all", "speckv_fast_decode_all"),
         ("constriction 0.5, 1 thread", "constriction_encode", "constriction_decode"),

@@ -24,6 +24,7 @@ from ._speckv import (
     PredictionMismatchError,
     SpeckvError,
     UnsupportedStreamError,
+    kernels,
 )
 
 __version__ = "0.1.0"
@@ -41,5 +42,6 @@ __all__ = [
     "encode",
     "ideal_bits",
     "info",
+    "kernels",
     "sigma_codes",
 ]

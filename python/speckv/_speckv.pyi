@@ -17,13 +17,16 @@ class PredictionMismatchError(SpeckvError): ...
 
 _Words = npt.NDArray[np.uint8] | npt.NDArray[np.uint16] | npt.NDArray[np.uint32]
 
+_Sigma = npt.NDArray[np.float32] | npt.NDArray[np.int16]
+
 def encode(
     x: _Words,
     dtype_name: str,
     shape: list[int],
     mu: npt.NDArray[np.float32] | None = None,
-    sigma_codes: npt.NDArray[np.int16] | None = None,
-    sigma_strides: list[int] | None = None,
+    mu_shape: list[int] | None = None,
+    sigma: _Sigma | None = None,
+    sigma_shape: list[int] | None = None,
     threads: int = 1,
     chunk_scalars: int = ...,
     torch_hint: bool = False,
@@ -35,21 +38,23 @@ def ideal_bits(
     dtype_name: str,
     shape: list[int],
     mu: npt.NDArray[np.float32] | None = None,
-    sigma_codes: npt.NDArray[np.int16] | None = None,
-    sigma_strides: list[int] | None = None,
+    mu_shape: list[int] | None = None,
+    sigma: _Sigma | None = None,
+    sigma_shape: list[int] | None = None,
     threads: int = 1,
     chunk_scalars: int = ...,
     model: str = "exact",
     weights: tuple[int, int, int] | None = None,
 ) -> float: ...
-def decode_into(
+def decode(
     data: npt.NDArray[np.uint8],
-    out: _Words,
     mu: npt.NDArray[np.float32] | None = None,
-    sigma_codes: npt.NDArray[np.int16] | None = None,
-    sigma_strides: list[int] | None = None,
+    mu_shape: list[int] | None = None,
+    sigma: _Sigma | None = None,
+    sigma_shape: list[int] | None = None,
     threads: int = 1,
     chunks: tuple[int, int] | None = None,
-) -> None: ...
+) -> tuple[_Words, dict[str, Any]]: ...
 def info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...
 def sigma_codes(sigma: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]: ...
+def kernels() -> str: ...

@@ -353,6 +353,12 @@ fn sigma_codes<'py>(py: Python<'py>, sigma: PyReadonlyArray1<'py, f32>) -> PyRes
     Ok(PyArray1::from_vec(py, codes))
 }
 
+/// Which kernels code the exact model here: "avx2" or "portable" (same bytes either way).
+#[pyfunction]
+fn kernels() -> &'static str {
+    speckv::kernels()
+}
+
 #[pymodule]
 fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -361,6 +367,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ideal_bits, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;

@@ -13,6 +13,16 @@ use crate::words::Word;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
+/// Which kernels code the exact model in this process: `"avx2"` or `"portable"` (no AVX2,
+/// another architecture, or `SPECKV_SIMD=0`). Both write and read the same bytes.
+pub fn kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::enabled() {
+        return "avx2";
+    }
+    "portable"
+}
+
 /// A window of patterns `[lo, lo + n)` around a prediction.
 #[derive(Clone, Copy)]
 pub(crate) struct Window {

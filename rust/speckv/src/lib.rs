@@ -31,5 +31,6 @@ pub use chunk::ModelKind;
 pub use codec::{decode_chunks_into, decode_into, decode_parsed, decoded_len, encode, ideal_bits, info, EncodeOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use exact::kernels;
 pub use prediction::{Prediction, SigmaCodes};
 pub use words::{Bits, BitsMut, Word};
