@@ -17,8 +17,8 @@
 //! Lanes: scalar `i` goes to range coder `i % N`, each writing its own word stream. A
 //! decoder's work on one symbol depends on the symbol before it in the same coder; `N`
 //! independent chains let the processor overlap them (format version 2 writes `LANES` = 8,
-//! version 1 wrote 2). The payload is `[lengths of lanes 0..N-2: u32 LE each][lane 0
-//! words]...[lane N-1 words]` (the last lane's length is what remains).
+//! version 1 wrote 2). `codec::join_lanes` lays a chunk's lanes out one after another (the
+//! byte layout is in `format::header`).
 
 use std::sync::Arc;
 

@@ -86,13 +86,19 @@ macro_rules! with_words {
     };
 }
 
-/// A chunk's payload: the lengths of every lane but the last, then every lane's words (see
-/// `chunk`).
+/// A chunk's payload (format version 2): the lengths in bytes of every lane but the last, as
+/// LEB128 varints (two or three bytes for a typical lane instead of four), then every lane's
+/// coded bytes (see `chunk`; a lane's last word may be short, `RangeEncoder::finish`).
 fn join_lanes<const N: usize>(lanes: [RangeEncoder; N]) -> Vec<u8> {
     let words = lanes.map(RangeEncoder::finish);
-    let mut out = Vec::with_capacity(4 * (N - 1) + words.iter().map(Vec::len).sum::<usize>());
+    let mut out = Vec::with_capacity(5 * (N - 1) + words.iter().map(Vec::len).sum::<usize>());
     for w in &words[..N - 1] {
-        out.extend_from_slice(&(w.len() as u32).to_le_bytes());
+        let mut len = w.len() as u32;
+        while len >= 0x80 {
+            out.push(len as u8 | 0x80);
+            len >>= 7;
+        }
+        out.push(len as u8);
     }
     for w in &words {
         out.extend_from_slice(w);
@@ -100,19 +106,42 @@ fn join_lanes<const N: usize>(lanes: [RangeEncoder; N]) -> Vec<u8> {
     out
 }
 
-/// Inverse of `join_lanes`: `None` when the lengths do not fit the payload.
-fn split_lanes<const N: usize>(payload: &[u8]) -> Option<[RangeDecoder<'_>; N]> {
-    let lengths_end = 4 * (N - 1);
-    let lengths = payload.get(..lengths_end)?;
-    let mut rest = &payload[lengths_end..];
+/// Reads a LEB128 varint of at most 5 bytes that fits a u32, advancing `bytes`.
+fn read_varint(bytes: &mut &[u8]) -> Option<u32> {
+    let mut value = 0u64;
+    for i in 0..5 {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        value |= ((b & 0x7F) as u64) << (7 * i);
+        if b & 0x80 == 0 {
+            return u32::try_from(value).ok();
+        }
+    }
+    None
+}
+
+/// Inverse of `join_lanes` (and of version 1's `[lane-0 length in bytes: u32 LE]` layout):
+/// `None` when the lengths do not fit the payload.
+fn split_lanes<const N: usize>(payload: &[u8], version: u16) -> Option<[RangeDecoder<'_>; N]> {
+    let mut rest = payload;
+    let mut lengths = [0usize; N];
+    for len in lengths.iter_mut().take(N - 1) {
+        *len = if version == 1 {
+            let head: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+            rest = &rest[4..];
+            let bytes = u32::from_le_bytes(head) as usize;
+            if bytes % 4 != 0 {
+                return None;
+            }
+            bytes
+        } else {
+            read_varint(&mut rest)? as usize
+        };
+    }
     let mut parts: [&[u8]; N] = [&[]; N];
     for (i, part) in parts.iter_mut().enumerate() {
-        let len = if i + 1 < N {
-            u32::from_le_bytes(lengths[4 * i..4 * i + 4].try_into().ok()?) as usize
-        } else {
-            rest.len()
-        };
-        if len % 4 != 0 || len > rest.len() {
+        let len = if i + 1 < N { lengths[i] } else { rest.len() };
+        if (version == 1 && len % 4 != 0) || len > rest.len() {
             return None;
         }
         (*part, rest) = rest.split_at(len);
@@ -289,7 +318,8 @@ fn decode_words<W: Word, const N: usize>(
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
         let start = i * chunk;
-        let mut dec = split_lanes::<N>(bytes).ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
+        let mut dec = split_lanes::<N>(bytes, header.version)
+            .ok_or_else(|| Error::Corrupt(format!("chunk {i}: bad lane length")))?;
         match prediction {
             Some(p) => {
                 let mu = &p.mu[start..start + piece.len()];

@@ -25,10 +25,7 @@ impl<'a> RangeDecoder<'a> {
 
     #[inline(always)]
     fn next_word(&mut self) -> u32 {
-        let word = match self.input.get(self.pos..self.pos + 4) {
-            Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            None => 0,
-        };
+        let word = self.peek_word();
         self.pos = self.pos.saturating_add(4);
         word
     }
@@ -61,13 +58,22 @@ impl<'a> RangeDecoder<'a> {
         self.pos = self.pos.saturating_add(4 * refill as usize);
     }
 
-    /// The word at `pos` without advancing (zero past the end, invariant 5).
+    /// The word at `pos` without advancing: zero past the end (invariant 5); a short last
+    /// word (`RangeEncoder::finish`) holds the word's high bytes, its low bytes being zero.
     #[inline(always)]
     fn peek_word(&self) -> u32 {
         match self.input.get(self.pos..self.pos + 4) {
             Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            None => 0,
+            None => self.short_word(),
         }
+    }
+
+    #[cold]
+    fn short_word(&self) -> u32 {
+        let rest = self.input.get(self.pos..).unwrap_or(&[]);
+        let mut word = [0u8; 4];
+        word[4 - rest.len().min(3)..].copy_from_slice(&rest[..rest.len().min(3)]);
+        u32::from_le_bytes(word)
     }
 
     /// Decodes `nbits` (<= 32) uniform raw bits, the inverse of `SymbolSink::put_bits`.
@@ -91,8 +97,9 @@ impl<'a> RangeDecoder<'a> {
     }
 
     /// True when the decoder read exactly the words the encoder wrote: a correct stream is
-    /// consumed up to one implicit zero word past its end (invariant 5), and has no tail.
+    /// consumed up to one implicit zero word past its end (invariant 5; a short last word
+    /// counts as a whole one), and has no tail.
     pub fn finished_cleanly(&self) -> bool {
-        self.input.len() % 4 == 0 && self.pos == self.input.len() + 4
+        self.pos == self.input.len().div_ceil(4) * 4 + 4
     }
 }

@@ -48,15 +48,34 @@ impl RangeEncoder {
         }
     }
 
-    /// Terminates the stream (invariant 5) and returns its bytes, little-endian words.
+    /// Terminates the stream (invariant 5) and returns its bytes, little-endian words, the
+    /// last one possibly short.
+    ///
+    /// The final point is the one in the final interval with the most trailing zero bits, and
+    /// as many of its final word's low bytes as are zero (up to three) are left out: the
+    /// decoder reads a short last word as its high bytes (`RangeDecoder`). The interval spans
+    /// at least 2^32 (invariant 1), so the low word is zero anyway, and typically a byte or
+    /// two of the final word is too. (Version 1 wrote the smallest point whose low 32 bits are
+    /// zero, its final word whole; decoders read both.)
     pub fn finish(mut self) -> Vec<u8> {
-        let round_up = (1u64 << WORD_BITS) - 1;
+        let (low, end) = (self.low as u128, self.low as u128 + self.range as u128);
+        let mut zeros = WORD_BITS;
+        while zeros < 63 && ((low + (1u128 << (zeros + 1)) - 1) & !((1u128 << (zeros + 1)) - 1)) < end {
+            zeros += 1;
+        }
+        let round_up = (1u64 << zeros) - 1;
         self.add_to_low(round_up);
+        self.low &= !round_up;
         self.words.push((self.low >> WORD_BITS) as u32);
         let mut bytes = Vec::with_capacity(self.words.len() * 4);
         for w in &self.words {
             bytes.extend_from_slice(&w.to_le_bytes());
         }
+        let skip = ((zeros - WORD_BITS) / 8).min(3) as usize;
+        // The final word's low bytes come first in little-endian order: drop them from its
+        // place, keeping its high bytes at the end of the stream.
+        let last = bytes.len() - 4;
+        bytes.drain(last..last + skip);
         bytes
     }
 }

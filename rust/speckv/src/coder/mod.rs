@@ -17,9 +17,11 @@
 //! 4. **Truncation loss.** Slots `[r * 2^p, range)` are never used. Since `range >= 2^32` and
 //!    `p <= 24` this wastes less than `2^-8` of the range in the worst case and about `2^-24`
 //!    on average, i.e. the coded size stays within a tiny fraction of the ideal.
-//! 5. **Termination.** The encoder ends with one word: the top half of the smallest point of
-//!    the final interval whose low 32 bits are zero (it exists by invariant 1). The decoder reads
-//!    zero words past the end of its input, so it sees exactly that point.
+//! 5. **Termination.** The encoder ends with one word: the top half of the point of the final
+//!    interval with the most trailing zero bits (at least 32 exist by invariant 1), written
+//!    without its zero low bytes (up to three of them). The decoder reads a short last word as
+//!    its high bytes and zero words past the end, so it sees exactly that point. (Format
+//!    version 1 wrote the smallest such point's top half, whole; it decodes the same way.)
 //! 6. **Robustness.** The decoder uses wrapping arithmetic and never indexes by a value it
 //!    decoded without bounds: garbage input decodes to garbage, never to a panic or a hang, and
 //!    the chunk checksum (see `format`) reports it.

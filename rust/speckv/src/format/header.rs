@@ -26,8 +26,16 @@
 //! ..                  chunk payloads, back to back, in index order, to the end of the stream
 //! ```
 //!
-//! Version 1 differs only in bytes 10-11 (both 0) and in coding each chunk with two lanes
-//! (`chunk::LANES_V1`); its models are the same, so this build decodes it as it was written.
+//! A chunk's payload holds its lanes' coded words (little-endian u32 each; a lane's last
+//! word may be cut to its 1-3 high bytes, see `coder` invariant 5):
+//!
+//! ```text
+//! [len_0 .. len_{N-2}: LEB128, in bytes][lane 0] ... [lane N-1: the rest]
+//! ```
+//!
+//! Version 1 differs in bytes 10-11 (both 0), in coding each chunk with two lanes
+//! (`chunk::LANES_V1`), and in the payload's lane length (`[lane 0 length in bytes: u32 LE]`);
+//! its models are the same, so this build decodes it as it was written.
 
 use crate::chunk::{ModelKind, LANES, LANES_V1};
 use crate::error::{corrupt, Error, Result};
@@ -332,9 +340,12 @@ impl Header {
             if c.offset != expected_offset {
                 return corrupt(format!("chunk {i} starts at {} instead of {expected_offset}", c.offset));
             }
-            // The lane lengths plus every coder's final word at least (see `chunk`).
+            // The lane lengths (a u32 in version 1, a varint of at least a byte in version 2)
+            // plus every coder's final word at least (whole in version 1, one byte or more
+            // in version 2; see `codec::join_lanes`).
             let lanes = lanes as u32;
-            if c.length < 4 * (2 * lanes - 1) || c.length % 4 != 0 {
+            let shortest = if version == 1 { 4 * (2 * lanes - 1) } else { (lanes - 1) + lanes };
+            if c.length < shortest || (version == 1 && c.length % 4 != 0) {
                 return corrupt(format!("chunk {i} has length {}", c.length));
             }
             let scalars = if i as u64 + 1 == n_chunks {
