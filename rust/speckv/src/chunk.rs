@@ -43,10 +43,10 @@ pub const LANES_V1: usize = 2;
 ///   around the float32 prediction; within 0.2% of the continuous ideal, whatever the ratio of
 ///   sigma to the format's spacing. Choose it to store caches: it is the smallest.
 /// * `Fast`: residuals counted in ulps of the prediction rounded to the format, coded from
-///   81 precomputed tables; several times faster to decode, a few percent larger where sigma
-///   spans binades (values near zero, sigma comparable to the value). Choose it when decode
-///   speed matters more than the last few percent (e.g. a hot offload path). float32 always
-///   uses it.
+///   81 precomputed tables; a little faster to decode (~1.25x with the exact model's AVX2
+///   kernels, ~2x without them), a few percent larger where sigma spans binades (values near
+///   zero, sigma comparable to the value). Choose it when decode speed matters more than the
+///   last few percent on a processor without AVX2. float32 always uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ModelKind {
     #[default]
