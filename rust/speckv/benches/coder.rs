@@ -21,7 +21,7 @@ fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<f32>, Vec<i16>) {
         for s in &sig {
             let m = rng.normal();
             let mut noise = rng.normal() * s;
-            if rng.next() % 200 == 0 {
+            if rng.next().is_multiple_of(200) {
                 noise *= 20.0;
             }
             mu.push(m);

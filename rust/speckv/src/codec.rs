@@ -130,7 +130,7 @@ fn split_lanes<const N: usize>(payload: &[u8], version: u16) -> Option<[RangeDec
             let head: [u8; 4] = rest.get(..4)?.try_into().ok()?;
             rest = &rest[4..];
             let bytes = u32::from_le_bytes(head) as usize;
-            if bytes % 4 != 0 {
+            if !bytes.is_multiple_of(4) {
                 return None;
             }
             bytes

@@ -12,13 +12,21 @@ use crate::words::Word;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
-/// Which kernels code the exact model in this process: `"avx2"` or `"portable"` (no AVX2,
-/// another architecture, or `SPECKV_SIMD=0`). Both write and read the same bytes.
+/// Which kernels code the exact model in this process: `"avx512"`, `"avx2"` or `"portable"`
+/// (another architecture, no AVX2, or `SPECKV_SIMD=0`; `SPECKV_SIMD=avx2` stops at AVX2). All
+/// write and read the same bytes.
 pub fn kernels() -> &'static str {
     #[cfg(target_arch = "x86_64")]
-    if avx2::enabled() {
-        return "avx2";
+    {
+        if avx512::enabled() {
+            return "avx512";
+        }
+        if avx2::enabled() {
+            return "avx2";
+        }
     }
     "portable"
 }
@@ -74,7 +82,10 @@ impl<'a> Exact<'a> {
         let full = x.len() / N * N;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if self.vectorised() {
+        if let (true, Ok(lanes8)) = (avx512::enabled(), <&mut [S; 8]>::try_from(&mut lanes[..])) {
+            // SAFETY: `enabled()` checked that this processor has AVX-512F and AVX2.
+            done = unsafe { avx512::encode(self, lanes8, escapes, &x[..full], &mu[..full], &codes[..full]) };
+        } else if self.vectorised() {
             let (x, mu, codes) = (&x[..full], &mu[..full], &codes[..full]);
             // SAFETY: `vectorised()` checked that this processor has AVX2; `lanes` has N.
             done = match N {
@@ -111,7 +122,10 @@ impl<'a> Exact<'a> {
         let full = out.len() / N * N;
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if self.vectorised() {
+        if let (true, Ok(lanes8)) = (avx512::enabled(), <&mut [RangeDecoder; 8]>::try_from(&mut lanes[..])) {
+            // SAFETY: `enabled()` checked that this processor has AVX-512F and AVX2.
+            done = unsafe { avx512::decode(self, lanes8, escapes, &mut out[..full], &mu[..full], &codes[..full]) };
+        } else if self.vectorised() {
             let (out, mu, codes) = (&mut out[..full], &mu[..full], &codes[..full]);
             // SAFETY: `vectorised()` checked that this processor has AVX2; `lanes` has N.
             done = match N {
@@ -496,7 +510,43 @@ mod tests {
         }
     }
 
-    /// The AVX2 kernels with `H` quads (`N = 4 H` lanes) against the portable group steps:
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_kernels_agree_with_the_portable_code_bit_for_bit() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2")) {
+            eprintln!("skipped: no AVX-512 on this processor");
+            return;
+        }
+        for seed in 0..6 {
+            for dtype in [DType::BFloat16, DType::Float16] {
+                kernels_agree::<u16, 8, 0>(dtype, seed);
+            }
+            for dtype in [DType::Float8E4M3Fn, DType::Float8E5M2] {
+                kernels_agree::<u8, 8, 0>(dtype, seed);
+            }
+        }
+    }
+
+    /// The kernel under test: AVX2 with `H` quads (`N = 4 H` lanes), or AVX-512 (`H = 0`, eight
+    /// lanes).
+    ///
+    /// # Safety
+    /// The processor must have the kernel's instruction sets.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vector_encode<W: Word, S: SymbolSink, const N: usize, const H: usize>(
+        ex: &Exact,
+        lanes: &mut [S; N],
+        escapes: &mut RawPatternModel,
+        c: &Case<W>,
+    ) {
+        match H {
+            0 => avx512::encode(ex, (&mut lanes[..]).try_into().unwrap(), escapes, &c.x, &c.mu, &c.codes),
+            _ => avx2::encode::<_, _, H>(ex, lanes, escapes, &c.x, &c.mu, &c.codes),
+        };
+    }
+
+    /// The AVX2 kernels with `H` quads (`N = 4 H` lanes; `H = 0`: the AVX-512 kernels, eight
+    /// lanes) against the portable group steps:
     /// the same intervals in the same order per lane when encoding, and each side decodes
     /// what the other encodes.
     #[cfg(target_arch = "x86_64")]
@@ -522,19 +572,22 @@ mod tests {
         let mut portable: [Recorder; N] = std::array::from_fn(|_| Recorder::default());
         portable_encode(&mut portable);
         let mut vector: [Recorder; N] = std::array::from_fn(|_| Recorder::default());
-        let mut esc = RawPatternModel::new(dtype, &params);
-        // SAFETY (here and below): the caller checked for AVX2.
-        unsafe { avx2::encode::<_, _, H>(&ex, &mut vector, &mut esc, &c.x, &c.mu, &c.codes) };
+        // SAFETY (here and below): the caller checked for the kernels' instruction sets.
+        unsafe { vector_encode::<_, _, N, H>(&ex, &mut vector, &mut RawPatternModel::new(dtype, &params), &c) };
         assert_eq!(portable, vector, "{dtype:?} seed {seed} lanes {N}");
         let mut lanes: [RangeEncoder; N] = std::array::from_fn(|_| RangeEncoder::new());
-        let mut esc = RawPatternModel::new(dtype, &params);
-        unsafe { avx2::encode::<_, _, H>(&ex, &mut lanes, &mut esc, &c.x, &c.mu, &c.codes) };
+        unsafe { vector_encode::<_, _, N, H>(&ex, &mut lanes, &mut RawPatternModel::new(dtype, &params), &c) };
         let words = lanes.map(RangeEncoder::finish);
         let decoders = || -> [RangeDecoder; N] { std::array::from_fn(|l| RangeDecoder::new(&words[l])) };
         let mut dec = decoders();
         let mut esc = RawPatternModel::new(dtype, &params);
         let mut out = vec![W::default(); c.x.len()];
-        unsafe { avx2::decode::<_, H>(&ex, &mut dec, &mut esc, &mut out, &c.mu, &c.codes) };
+        unsafe {
+            match H {
+                0 => avx512::decode(&ex, (&mut dec[..]).try_into().unwrap(), &mut esc, &mut out, &c.mu, &c.codes),
+                _ => avx2::decode::<_, H>(&ex, &mut dec, &mut esc, &mut out, &c.mu, &c.codes),
+            }
+        };
         assert_eq!(out, c.x, "{dtype:?} seed {seed} lanes {N}: vector decode");
         assert!(dec.iter().all(|d| d.finished_cleanly()));
         let mut dec = decoders();

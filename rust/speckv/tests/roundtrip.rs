@@ -21,7 +21,7 @@ fn kv_like(rows: usize, channels: usize, seed: u64) -> (Vec<u16>, Vec<f32>, Vec<
         for s in &sig {
             let m = rng.normal() * 2.0;
             let mut v = m + rng.normal() * s;
-            if rng.next() % 200 == 0 {
+            if rng.next().is_multiple_of(200) {
                 v = m + rng.normal() * 50.0 * s;
             }
             mu.push(m);

@@ -143,7 +143,7 @@ fn short_last_words_decode_as_their_high_bytes() {
             assert_eq!(decode_symbol(&mut dec, &cdf, 24), s);
         }
         assert!(dec.finished_cleanly(), "{n} symbols, {} bytes", bytes.len());
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             // A whole extra word after whole words decodes the same, and is a tail.
             let mut longer = bytes.clone();
             longer.extend_from_slice(&[0; 4]);

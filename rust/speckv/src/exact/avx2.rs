@@ -21,7 +21,8 @@ use crate::model::mixture::{FRACTION_BITS, GUESS_BITS, STEPS_PER_Z};
 use crate::model::RawPatternModel;
 use crate::words::Word;
 
-/// True when this processor has AVX2 and `SPECKV_SIMD` is not `0` (checked once).
+/// True when this processor has AVX2 and `SPECKV_SIMD` is not `0` (checked once). Where
+/// `avx512::enabled()` holds too, the AVX-512 kernels run instead.
 pub(crate) fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| {

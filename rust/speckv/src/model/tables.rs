@@ -107,7 +107,7 @@ impl TableBank {
             let centre = radius as usize;
             let mut k = 0usize;
             while excess != 0 {
-                let i = if k % 2 == 0 { centre + k / 2 } else { centre - k.div_ceil(2) };
+                let i = if k.is_multiple_of(2) { centre + k / 2 } else { centre - k.div_ceil(2) };
                 if excess < 0 {
                     freqs[i] += (-excess) as u64;
                     excess = 0;
