@@ -265,14 +265,22 @@ pub(crate) unsafe fn decode<W: Word>(
 ) -> usize {
     let c = Consts::new(ex);
     let precision = ex.cdf.precision;
+    let len = out.len();
+    let finite = |base: usize| mu[base..base + WIDTH].iter().all(|m| m.is_finite());
+    // Software pipelining: the next group's setup (which does not wait on the coders) is
+    // computed before this group's coder steps, so it fills the time this group's chain
+    // waits on its loads.
+    let mut next = (!out.is_empty() && finite(0)).then(|| setup(&c, ex, &mu[..WIDTH], &codes[..WIDTH]));
     for base in (0..out.len()).step_by(WIDTH) {
         let (mus, cs) = (&mu[base..base + WIDTH], &codes[base..base + WIDTH]);
         let group: &mut [W; WIDTH] = (&mut out[base..base + WIDTH]).try_into().unwrap();
-        if !mus.iter().all(|m| m.is_finite()) {
+        let following = base + WIDTH;
+        let Some(s) = next.take() else {
             ex.decode_group(lanes, escapes, group, mus.try_into().unwrap(), cs.try_into().unwrap());
+            next = (following < len && finite(following))
+                .then(|| setup(&c, ex, &mu[following..following + WIDTH], &codes[following..following + WIDTH]));
             continue;
-        }
-        let s = setup(&c, ex, mus, cs);
+        };
         let q: [u32; WIDTH] = [
             lanes[0].peek(precision),
             lanes[1].peek(precision),
@@ -326,6 +334,8 @@ pub(crate) unsafe fn decode<W: Word>(
         _mm256_storeu_si256(cs[1].as_mut_ptr() as *mut __m256i, c1);
         _mm256_storeu_si256(cs[2].as_mut_ptr() as *mut __m256i, c2);
         _mm512_storeu_si512(ks.as_mut_ptr() as *mut __m512i, first);
+        next = (following < len && finite(following))
+            .then(|| setup(&c, ex, &mu[following..following + WIDTH], &codes[following..following + WIDTH]));
         for l in 0..WIDTH {
             let (q, [c0, c1, c2]) = (q[l], [cs[0][l], cs[1][l], cs[2][l]]);
             // As in `avx2::finish`: the candidate chosen by masks, one branch taken nearly
