@@ -129,11 +129,7 @@ fn split_lanes<const N: usize>(payload: &[u8], version: u16) -> Option<[RangeDec
         *len = if version == 1 {
             let head: [u8; 4] = rest.get(..4)?.try_into().ok()?;
             rest = &rest[4..];
-            let bytes = u32::from_le_bytes(head) as usize;
-            if !bytes.is_multiple_of(4) {
-                return None;
-            }
-            bytes
+            u32::from_le_bytes(head) as usize
         } else {
             read_varint(&mut rest)? as usize
         };
@@ -141,7 +137,8 @@ fn split_lanes<const N: usize>(payload: &[u8], version: u16) -> Option<[RangeDec
     let mut parts: [&[u8]; N] = [&[]; N];
     for (i, part) in parts.iter_mut().enumerate() {
         let len = if i + 1 < N { lengths[i] } else { rest.len() };
-        if (version == 1 && len % 4 != 0) || len > rest.len() {
+        // Version 1 lanes are whole words; version 2 lanes may end in a short word.
+        if (version == 1 && !len.is_multiple_of(4)) || len > rest.len() {
             return None;
         }
         (*part, rest) = rest.split_at(len);
@@ -175,7 +172,14 @@ fn with_codes<R>(f: impl FnOnce(&mut Vec<i16>) -> R) -> R {
         static CODES: std::cell::RefCell<Vec<i16>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     CODES.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut codes) => f(&mut codes),
+        Ok(mut codes) => {
+            let out = f(&mut codes);
+            // Keep a default-sized buffer between calls, not whatever a huge chunk needed.
+            if codes.capacity() > 2 * DEFAULT_CHUNK_SCALARS as usize {
+                *codes = Vec::new();
+            }
+            out
+        }
         // Only reachable if `f` re-entered this function on the same thread.
         Err(_) => f(&mut Vec::new()),
     })

@@ -1,7 +1,8 @@
 //! The exact model's per-scalar coding steps (see `model::mixture` for the model): windows,
 //! `cum`, the decoder's guess and search, and the group-of-lanes schedule that `chunk` runs.
-//! On x86-64 with AVX2 the group steps run four lanes at once (`avx2`), computing bit for
-//! bit what the portable code computes; `SPECKV_SIMD=0` turns that off.
+//! On x86-64 the group steps run eight lanes at once with AVX-512 (`avx512`) or four with AVX2
+//! (`avx2`), computing bit for bit what the portable code computes; `SPECKV_SIMD=avx2` stops at
+//! AVX2, `SPECKV_SIMD=0` turns both off (`kernels()` says which run).
 
 use crate::coder::{RangeDecoder, SymbolSink};
 use crate::model::grid::ValueGrid;

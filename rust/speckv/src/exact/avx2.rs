@@ -1,4 +1,5 @@
-//! The exact model's group steps for four lanes at once, with AVX2 (x86-64).
+//! The exact model's group steps for a quad of lanes at once, with AVX2 (x86-64); a chunk's
+//! eight lanes are two quads.
 //!
 //! Every value that decides a coded interval is computed with the operations of the portable
 //! code in `exact`, in the same order: IEEE-754 subtract, multiply, add, compare, truncating
