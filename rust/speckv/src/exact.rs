@@ -528,7 +528,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_kernels_agree_with_the_portable_code_bit_for_bit() {
-        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2")) {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx2"))
+        {
             eprintln!("skipped: no AVX-512 on this processor");
             return;
         }

@@ -96,6 +96,28 @@ impl<'a> RangeDecoder<'a> {
         v
     }
 
+    /// `(point, range, scale, pos)`: the state a vectorised decoder keeps in registers for
+    /// a run of symbols (`exact::avx512`), handed back with `set_state`.
+    #[inline(always)]
+    pub(crate) fn state(&self) -> (u64, u64, u64, u64) {
+        (self.point, self.range, self.scale, self.pos as u64)
+    }
+
+    #[inline(always)]
+    pub(crate) fn set_state(&mut self, point: u64, range: u64, scale: u64, pos: u64) {
+        (self.point, self.range, self.scale, self.pos) = (point, range, scale, pos as usize);
+    }
+
+    /// The coded bytes this decoder reads.
+    pub(crate) fn input(&self) -> &'a [u8] {
+        self.input
+    }
+
+    /// The word at byte `pos` as `consume` would read it there (short or zero at the end).
+    pub(crate) fn word_at(&self, pos: u64) -> u32 {
+        RangeDecoder { pos: pos as usize, ..self.clone() }.peek_word()
+    }
+
     /// True when the decoder read exactly the words the encoder wrote: a correct stream is
     /// consumed up to one implicit zero word past its end (invariant 5; a short last word
     /// counts as a whole one), and has no tail.

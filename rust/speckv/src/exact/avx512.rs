@@ -19,12 +19,16 @@ use crate::words::Word;
 /// Lanes one kernel call codes side by side.
 pub(crate) const WIDTH: usize = 8;
 
-/// True when this processor has AVX-512F and `SPECKV_SIMD` is neither `0` nor `avx2`.
+/// True when this processor has AVX-512F and AVX-512DQ and `SPECKV_SIMD` is neither `0` nor
+/// `avx2`.
 pub(crate) fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| {
         let wanted = std::env::var("SPECKV_SIMD").map_or(true, |v| !matches!(v.trim(), "0" | "avx2"));
-        wanted && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2")
+        wanted
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx2")
     })
 }
 
@@ -59,7 +63,7 @@ struct Consts {
 }
 
 impl Consts {
-    #[target_feature(enable = "avx512f,avx2")]
+    #[target_feature(enable = "avx512f,avx512dq,avx2")]
     unsafe fn new(ex: &Exact) -> Consts {
         let (m, bias, max_mag) = ex.grid.layout();
         let edges = ex.grid.edges();
@@ -201,8 +205,8 @@ unsafe fn lane_setup(ex: &Exact, s: &Setups, l: usize) -> Setup {
 /// `Exact::encode` for eight lanes: every group of `x` (a multiple of 8).
 ///
 /// # Safety
-/// The processor must have AVX-512F and AVX2 (`enabled()`).
-#[target_feature(enable = "avx512f,avx2")]
+/// The processor must have AVX-512F, AVX-512DQ and AVX2 (`enabled()`).
+#[target_feature(enable = "avx512f,avx512dq,avx2")]
 pub(crate) unsafe fn encode<W: Word, S: SymbolSink>(
     ex: &Exact,
     lanes: &mut [S; WIDTH],
@@ -250,11 +254,140 @@ pub(crate) unsafe fn encode<W: Word, S: SymbolSink>(
     x.len()
 }
 
-/// `Exact::decode` for eight lanes: every group of `out` (a multiple of 8).
+/// The eight decoders' state in vectors (see `RangeDecoder::state`), with where each lane's
+/// bytes are.
+struct Coders {
+    point: __m512i,
+    range: __m512i,
+    pos: __m512i,
+    /// Address of each lane's first byte, and its length.
+    base: __m512i,
+    len: __m512i,
+}
+
+impl Coders {
+    #[inline(always)]
+    unsafe fn load(lanes: &[RangeDecoder; WIDTH]) -> Coders {
+        let st: [(u64, u64, u64, u64); WIDTH] = [
+            lanes[0].state(),
+            lanes[1].state(),
+            lanes[2].state(),
+            lanes[3].state(),
+            lanes[4].state(),
+            lanes[5].state(),
+            lanes[6].state(),
+            lanes[7].state(),
+        ];
+        let v = |f: &dyn Fn(usize) -> u64| {
+            _mm512_setr_epi64(
+                f(0) as i64,
+                f(1) as i64,
+                f(2) as i64,
+                f(3) as i64,
+                f(4) as i64,
+                f(5) as i64,
+                f(6) as i64,
+                f(7) as i64,
+            )
+        };
+        Coders {
+            point: v(&|l| st[l].0),
+            range: v(&|l| st[l].1),
+            pos: v(&|l| st[l].3),
+            base: v(&|l| lanes[l].input().as_ptr() as u64),
+            len: v(&|l| lanes[l].input().len() as u64),
+        }
+    }
+
+    /// Hands the state back to the scalar decoders (`scale` is what `consume` would use).
+    #[inline(always)]
+    unsafe fn store(&self, lanes: &mut [RangeDecoder; WIDTH], scale: __m512i) {
+        let (mut p, mut r, mut s, mut q) = ([0u64; WIDTH], [0u64; WIDTH], [0u64; WIDTH], [0u64; WIDTH]);
+        _mm512_storeu_si512(p.as_mut_ptr() as *mut __m512i, self.point);
+        _mm512_storeu_si512(r.as_mut_ptr() as *mut __m512i, self.range);
+        _mm512_storeu_si512(s.as_mut_ptr() as *mut __m512i, scale);
+        _mm512_storeu_si512(q.as_mut_ptr() as *mut __m512i, self.pos);
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            lane.set_state(p[l], r[l], s[l], q[l]);
+        }
+    }
+}
+
+/// `RangeDecoder::peek` of eight decoders: `min(point / scale, 2^precision - 1)`, exactly.
+/// There is no integer division in vectors; a float quotient is off by at most one where it
+/// matters (the point converts with a relative error of 2^-53 and the quotient is clamped to
+/// 2^precision first), and one multiply and compare each way corrects it.
+#[inline(always)]
+unsafe fn slots(point: __m512i, scale: __m512i, top: __m512i) -> __m512i {
+    let estimate = _mm512_cvttpd_epu64(_mm512_div_pd(_mm512_cvtepu64_pd(point), _mm512_cvtepu64_pd(scale)));
+    let q = _mm512_min_epu64(estimate, top);
+    // q <= 2^precision keeps q * scale <= range: no overflow.
+    let product = _mm512_mullo_epi64(q, scale);
+    let over = _mm512_cmpgt_epu64_mask(product, point);
+    let q = _mm512_mask_sub_epi64(q, over, q, _mm512_set1_epi64(1));
+    let product = _mm512_mask_sub_epi64(product, over, product, scale);
+    let under = !over & _mm512_cmpge_epu64_mask(_mm512_sub_epi64(point, product), scale);
+    let q = _mm512_mask_add_epi64(q, under, q, _mm512_set1_epi64(1));
+    _mm512_min_epu64(q, _mm512_sub_epi64(top, _mm512_set1_epi64(1)))
+}
+
+/// `RangeDecoder::consume` of the lanes in `take`: remove `[low, high)`, shift in a word where
+/// the range fell below 2^32.
+#[inline(always)]
+unsafe fn consume(
+    k: &mut Coders,
+    lanes: &[RangeDecoder; WIDTH],
+    take: __mmask8,
+    scale: __m512i,
+    low: __m512i,
+    high: __m512i,
+) {
+    let point = _mm512_sub_epi64(k.point, _mm512_mullo_epi64(scale, low));
+    let range = _mm512_max_epu64(_mm512_mullo_epi64(scale, _mm512_sub_epi64(high, low)), _mm512_set1_epi64(1));
+    let refill = take & _mm512_cmplt_epu64_mask(range, _mm512_set1_epi64(1 << 32));
+    let whole = _mm512_cmple_epu64_mask(_mm512_add_epi64(k.pos, _mm512_set1_epi64(4)), k.len);
+    let addresses = _mm512_add_epi64(k.base, k.pos);
+    // SAFETY: only lanes whose next four bytes lie inside their input are read.
+    let mut words = _mm512_cvtepu32_epi64(_mm512_mask_i64gather_epi32::<1>(
+        _mm256_setzero_si256(),
+        refill & whole,
+        addresses,
+        std::ptr::null::<i32>(),
+    ));
+    if refill & !whole != 0 {
+        words = short_words(k, lanes, refill & !whole, words);
+    }
+    let shifted = _mm512_or_si512(_mm512_slli_epi64::<32>(point), words);
+    k.point = _mm512_mask_blend_epi64(take, k.point, _mm512_mask_blend_epi64(refill, point, shifted));
+    k.range =
+        _mm512_mask_blend_epi64(take, k.range, _mm512_mask_blend_epi64(refill, range, _mm512_slli_epi64::<32>(range)));
+    k.pos = _mm512_mask_add_epi64(k.pos, refill, k.pos, _mm512_set1_epi64(4));
+}
+
+/// The last, short (or absent) words of the lanes in `which` (`RangeDecoder::word_at`).
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512dq,avx2")]
+unsafe fn short_words(k: &Coders, lanes: &[RangeDecoder; WIDTH], which: __mmask8, words: __m512i) -> __m512i {
+    let (mut pos, mut w) = ([0u64; WIDTH], [0u64; WIDTH]);
+    _mm512_storeu_si512(pos.as_mut_ptr() as *mut __m512i, k.pos);
+    _mm512_storeu_si512(w.as_mut_ptr() as *mut __m512i, words);
+    for l in 0..WIDTH {
+        if which >> l & 1 == 1 {
+            w[l] = lanes[l].word_at(pos[l]) as u64;
+        }
+    }
+    _mm512_loadu_si512(w.as_ptr() as *const __m512i)
+}
+
+/// `Exact::decode` for eight lanes: every group of `out` (a multiple of 8). The decoders'
+/// state stays in vectors for the whole run: slots, guesses, `cum` and the coder steps of all
+/// eight lanes are vector operations, and only misses, escapes and non-finite predictions
+/// hand a lane to the scalar code.
 ///
 /// # Safety
-/// The processor must have AVX-512F and AVX2 (`enabled()`).
-#[target_feature(enable = "avx512f,avx2")]
+/// The processor must have AVX-512F, AVX-512DQ and AVX2 (`enabled()`).
+#[target_feature(enable = "avx512f,avx512dq,avx2")]
 pub(crate) unsafe fn decode<W: Word>(
     ex: &Exact,
     lanes: &mut [RangeDecoder; WIDTH],
@@ -265,42 +398,28 @@ pub(crate) unsafe fn decode<W: Word>(
 ) -> usize {
     let c = Consts::new(ex);
     let precision = ex.cdf.precision;
+    let top = _mm512_set1_epi64(1i64 << precision);
+    let shift = _mm512_set1_epi64(precision as i64);
     let len = out.len();
     let finite = |base: usize| mu[base..base + WIDTH].iter().all(|m| m.is_finite());
+    let mut k = Coders::load(lanes);
     // Software pipelining: the next group's setup (which does not wait on the coders) is
-    // computed before this group's coder steps, so it fills the time this group's chain
-    // waits on its loads.
-    let mut next = (!out.is_empty() && finite(0)).then(|| setup(&c, ex, &mu[..WIDTH], &codes[..WIDTH]));
-    for base in (0..out.len()).step_by(WIDTH) {
+    // computed before this group's coder steps.
+    let mut next = (len > 0 && finite(0)).then(|| setup(&c, ex, &mu[..WIDTH], &codes[..WIDTH]));
+    for base in (0..len).step_by(WIDTH) {
         let (mus, cs) = (&mu[base..base + WIDTH], &codes[base..base + WIDTH]);
         let group: &mut [W; WIDTH] = (&mut out[base..base + WIDTH]).try_into().unwrap();
         let following = base + WIDTH;
         let Some(s) = next.take() else {
+            k.store(lanes, _mm512_srlv_epi64(k.range, shift));
             ex.decode_group(lanes, escapes, group, mus.try_into().unwrap(), cs.try_into().unwrap());
+            k = Coders::load(lanes);
             next = (following < len && finite(following))
                 .then(|| setup(&c, ex, &mu[following..following + WIDTH], &codes[following..following + WIDTH]));
             continue;
         };
-        let q: [u32; WIDTH] = [
-            lanes[0].peek(precision),
-            lanes[1].peek(precision),
-            lanes[2].peek(precision),
-            lanes[3].peek(precision),
-            lanes[4].peek(precision),
-            lanes[5].peek(precision),
-            lanes[6].peek(precision),
-            lanes[7].peek(precision),
-        ];
-        let qv = _mm512_setr_epi64(
-            q[0] as i64,
-            q[1] as i64,
-            q[2] as i64,
-            q[3] as i64,
-            q[4] as i64,
-            q[5] as i64,
-            q[6] as i64,
-            q[7] as i64,
-        );
+        let scale = _mm512_srlv_epi64(k.range, shift);
+        let qv = slots(k.point, scale, top);
         // The guess (`Exact::guess`, in lower precision): leak off q, inverse CDF, value.
         let leak =
             _mm512_min_epi64(_mm512_max_epi64(_mm512_sub_epi64(ordinal_toward_zero(&c, s.mu), s.lo), c.zero), s.n);
@@ -318,7 +437,7 @@ pub(crate) unsafe fn decode<W: Word>(
         let zb = _mm512_cvtps_pd(_mm256_i32gather_ps::<4>(c.inverse, _mm256_add_epi32(slot, _mm256_set1_epi32(1))));
         let z = _mm512_add_pd(za, _mm512_mul_pd(_mm512_sub_pd(zb, za), fraction));
         let v = _mm512_add_pd(s.mu, _mm512_mul_pd(z, s.sigma));
-        // Two candidates from `base` (see `avx2::guess`).
+        // Two candidates from `first` (see `avx2::guess`).
         let k0 = ordinal_toward_zero(&c, v);
         let negative = _mm512_srai_epi64::<63>(_mm512_castpd_si512(v));
         let hi = _mm512_sub_epi64(_mm512_add_epi64(s.lo, s.n), c.one);
@@ -328,30 +447,46 @@ pub(crate) unsafe fn decode<W: Word>(
         );
         let (c0, c1) = cum_pair(&c, &s, first);
         let c2 = cum(&c, &s, _mm512_add_epi64(first, _mm512_set1_epi64(2)));
-        let second = _mm512_cmpgt_epi64_mask(hi, first);
-        let (mut cs, mut ks) = ([[0u32; WIDTH]; 3], [0i64; WIDTH]);
-        _mm256_storeu_si256(cs[0].as_mut_ptr() as *mut __m256i, c0);
-        _mm256_storeu_si256(cs[1].as_mut_ptr() as *mut __m256i, c1);
-        _mm256_storeu_si256(cs[2].as_mut_ptr() as *mut __m256i, c2);
-        _mm512_storeu_si512(ks.as_mut_ptr() as *mut __m512i, first);
+        let (c0, c1, c2) = (_mm512_cvtepu32_epi64(c0), _mm512_cvtepu32_epi64(c1), _mm512_cvtepu32_epi64(c2));
         next = (following < len && finite(following))
             .then(|| setup(&c, ex, &mu[following..following + WIDTH], &codes[following..following + WIDTH]));
-        for l in 0..WIDTH {
-            let (q, [c0, c1, c2]) = (q[l], [cs[0][l], cs[1][l], cs[2][l]]);
-            // As in `avx2::finish`: the candidate chosen by masks, one branch taken nearly
-            // always.
-            let up = (q >= c1) as u32;
-            let mask = 0u32.wrapping_sub(up);
-            let (low, high) = ((c0 & !mask) | (c1 & mask), (c1 & !mask) | (c2 & mask));
-            let ordinal = if (c0 <= q) & (q < high) & ((up == 0) | (second >> l & 1 == 1)) {
-                lanes[l].consume(low, high - low);
-                ks[l] + up as i64
-            } else {
-                let setup = lane_setup(ex, &s, l);
-                ex.decode_slow(&mut lanes[l], escapes, &setup, q, ks[l], c0)
-            };
-            group[l] = W::from_ordinal(ordinal);
+        // Which candidate q points at, and whether it is confirmed (as in `avx2::finish`;
+        // inside the window, q below the candidate's upper end is below the escape).
+        let up = _mm512_cmpge_epu64_mask(qv, c1);
+        let low = _mm512_mask_blend_epi64(up, c0, c1);
+        let high = _mm512_mask_blend_epi64(up, c1, c2);
+        let second = _mm512_cmpgt_epi64_mask(hi, first);
+        let hit = _mm512_cmple_epu64_mask(c0, qv) & _mm512_cmplt_epu64_mask(qv, high) & (!up | second);
+        let ordinal = _mm512_mask_add_epi64(first, up, first, c.one);
+        let missed = !hit;
+        if missed != 0 {
+            // The scalar slow path sees the lanes' state before this group's symbols.
+            k.store(lanes, scale);
+        }
+        consume(&mut k, lanes, hit, scale, low, high);
+        let mut ords = [0i64; WIDTH];
+        _mm512_storeu_si512(ords.as_mut_ptr() as *mut __m512i, ordinal);
+        if missed != 0 {
+            let (mut q, mut firsts, mut c0s) = ([0u64; WIDTH], [0i64; WIDTH], [0u64; WIDTH]);
+            _mm512_storeu_si512(q.as_mut_ptr() as *mut __m512i, qv);
+            _mm512_storeu_si512(firsts.as_mut_ptr() as *mut __m512i, first);
+            _mm512_storeu_si512(c0s.as_mut_ptr() as *mut __m512i, c0);
+            for l in 0..WIDTH {
+                if missed >> l & 1 == 1 {
+                    let setup = lane_setup(ex, &s, l);
+                    ords[l] = ex.decode_slow(&mut lanes[l], escapes, &setup, q[l] as u32, firsts[l], c0s[l] as u32);
+                }
+            }
+            // Take back the missed lanes' state; the others' is in `k` already.
+            let back = Coders::load(lanes);
+            k.point = _mm512_mask_blend_epi64(missed, k.point, back.point);
+            k.range = _mm512_mask_blend_epi64(missed, k.range, back.range);
+            k.pos = _mm512_mask_blend_epi64(missed, k.pos, back.pos);
+        }
+        for (slot, &o) in group.iter_mut().zip(&ords) {
+            *slot = W::from_ordinal(o);
         }
     }
-    out.len()
+    k.store(lanes, _mm512_srlv_epi64(k.range, shift));
+    len
 }
