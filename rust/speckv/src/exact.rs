@@ -353,6 +353,23 @@ impl<'a> Exact<'a> {
     fn search(&self, dec: &mut RangeDecoder, s: &Setup, q: u32, k: i64, c_k: u32) -> i64 {
         let cum = |k: i64| self.cum(s, k);
         let (first, last) = (s.window.lo, s.window.lo + s.window.n as i64 - 1);
+        // Most misses are far off in windows where the leak term dominates (near zero, where
+        // thousands of patterns share little mass): guess again with the leak at the missed
+        // guess instead of at `mu`, which usually lands on the symbol or next to it.
+        let (mut k, mut c_k) = (k, c_k);
+        for _ in 0..2 {
+            let leak = (k - s.window.lo) as u32;
+            let again = self.guess(&Setup { leak, ..*s }, q);
+            if again == k {
+                break;
+            }
+            let (c, next) = (cum(again), cum(again + 1));
+            if c <= q && q < next {
+                dec.consume(c, next - c);
+                return again;
+            }
+            (k, c_k) = (again, c);
+        }
         let (mut below, mut above);
         let (mut c_below, mut c_above);
         (below, c_below) = (k, c_k);
