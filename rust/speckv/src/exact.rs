@@ -613,6 +613,21 @@ mod tests {
         let mut lanes: [RangeEncoder; N] = std::array::from_fn(|_| RangeEncoder::new());
         unsafe { vector_encode::<_, _, N, H>(&ex, &mut lanes, &mut RawPatternModel::new(dtype, &params), &c) };
         let words = lanes.map(RangeEncoder::finish);
+        // The same bytes as the portable steps write (the AVX-512 kernel keeps real encoders'
+        // state in vectors, a different path from the one the recorders above took).
+        let mut portable_lanes: [RangeEncoder; N] = std::array::from_fn(|_| RangeEncoder::new());
+        let mut esc = RawPatternModel::new(dtype, &params);
+        for base in (0..c.x.len()).step_by(N) {
+            let g = base..base + N;
+            ex.encode_group(
+                &mut portable_lanes,
+                &mut esc,
+                c.x[g.clone()].try_into().unwrap(),
+                c.mu[g.clone()].try_into().unwrap(),
+                c.codes[g].try_into().unwrap(),
+            );
+        }
+        assert!(portable_lanes.map(RangeEncoder::finish) == words, "{dtype:?} seed {seed} lanes {N}: bytes");
         let decoders = || -> [RangeDecoder; N] { std::array::from_fn(|l| RangeDecoder::new(&words[l])) };
         let mut dec = decoders();
         let mut esc = RawPatternModel::new(dtype, &params);

@@ -26,9 +26,27 @@ impl RangeEncoder {
         RangeEncoder { low: 0, range: u64::MAX, words: Vec::with_capacity(words) }
     }
 
+    /// `(low, range)`: the state a vectorised encoder (`exact::avx512`) keeps in registers
+    /// for a run of symbols, handed back with `set_state`.
+    #[inline(always)]
+    pub(crate) fn state(&self) -> (u64, u64) {
+        (self.low, self.range)
+    }
+
+    #[inline(always)]
+    pub(crate) fn set_state(&mut self, low: u64, range: u64) {
+        (self.low, self.range) = (low, range);
+    }
+
+    /// Appends a word the vectorised `put` flushed.
+    #[inline(always)]
+    pub(crate) fn push_word(&mut self, word: u32) {
+        self.words.push(word);
+    }
+
     /// Invariant 3: ripple a carry into the words already written.
     #[cold]
-    fn propagate_carry(&mut self) {
+    pub(crate) fn propagate_carry(&mut self) {
         for word in self.words.iter_mut().rev() {
             let (sum, overflow) = word.overflowing_add(1);
             *word = sum;
@@ -81,6 +99,10 @@ impl RangeEncoder {
 }
 
 impl SymbolSink for RangeEncoder {
+    fn as_range_encoder(&mut self) -> Option<&mut RangeEncoder> {
+        Some(self)
+    }
+
     #[inline(always)]
     fn put(&mut self, cum: u32, freq: u32, precision: u32) {
         debug_assert!(precision <= MAX_PRECISION);

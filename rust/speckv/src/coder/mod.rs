@@ -42,6 +42,12 @@ pub trait SymbolSink {
     /// Code the symbol occupying `[cum, cum + freq)` of a total of `2^precision`.
     fn put(&mut self, cum: u32, freq: u32, precision: u32);
 
+    /// The sink as a range encoder, when it is one: vector kernels then keep its state in
+    /// registers (`RangeEncoder::state`) instead of calling `put`.
+    fn as_range_encoder(&mut self) -> Option<&mut RangeEncoder> {
+        None
+    }
+
     /// Code `nbits` (<= 32) raw bits uniformly.
     #[inline(always)]
     fn put_bits(&mut self, value: u32, nbits: u32) {

@@ -205,6 +205,97 @@ unsafe fn lane_setup(ex: &Exact, s: &Setups, l: usize) -> Setup {
     Setup { mu: mu[l], sigma: sigma[l], inv_sigma: inv[l], window, leak, escape: ex.cdf.g_max + window.n }
 }
 
+/// The eight range encoders' `(low, range)` in vectors (see `RangeEncoder::state`).
+struct Encoders {
+    low: __m512i,
+    range: __m512i,
+}
+
+impl Encoders {
+    /// `Some` when every lane is a range encoder.
+    #[inline(always)]
+    unsafe fn new<S: SymbolSink>(lanes: &mut [S; WIDTH]) -> Option<Encoders> {
+        if lanes.iter_mut().all(|l| l.as_range_encoder().is_some()) {
+            Some(Encoders::load(lanes))
+        } else {
+            None
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load<S: SymbolSink>(lanes: &mut [S; WIDTH]) -> Encoders {
+        let mut st = [(0u64, 0u64); WIDTH];
+        for (s, lane) in st.iter_mut().zip(lanes.iter_mut()) {
+            *s = lane.as_range_encoder().map_or((0, 0), |e| e.state());
+        }
+        let v = |f: &dyn Fn(usize) -> u64| {
+            _mm512_setr_epi64(
+                f(0) as i64,
+                f(1) as i64,
+                f(2) as i64,
+                f(3) as i64,
+                f(4) as i64,
+                f(5) as i64,
+                f(6) as i64,
+                f(7) as i64,
+            )
+        };
+        Encoders { low: v(&|l| st[l].0), range: v(&|l| st[l].1) }
+    }
+
+    #[inline(always)]
+    unsafe fn store<S: SymbolSink>(&self, lanes: &mut [S; WIDTH]) {
+        let (mut low, mut range) = ([0u64; WIDTH], [0u64; WIDTH]);
+        _mm512_storeu_si512(low.as_mut_ptr() as *mut __m512i, self.low);
+        _mm512_storeu_si512(range.as_mut_ptr() as *mut __m512i, self.range);
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            if let Some(e) = lane.as_range_encoder() {
+                e.set_state(low[l], range[l]);
+            }
+        }
+    }
+}
+
+/// `RangeEncoder::put` of the lanes in `take`: `[cum, cum + freq)` of `2^precision`. A carry
+/// out of `low` (rare) ripples into that lane's written words, then lanes whose range fell
+/// below 2^32 write their top word, in the same order as the scalar `put`.
+#[inline(always)]
+unsafe fn put<S: SymbolSink>(
+    k: &mut Encoders,
+    lanes: &mut [S; WIDTH],
+    take: __mmask8,
+    shift: __m512i,
+    cum: __m512i,
+    freq: __m512i,
+) {
+    let r = _mm512_srlv_epi64(k.range, shift);
+    let low = _mm512_add_epi64(k.low, _mm512_mullo_epi64(r, cum));
+    let carry = take & _mm512_cmplt_epu64_mask(low, k.low);
+    let range = _mm512_mullo_epi64(r, freq);
+    let flush = take & _mm512_cmplt_epu64_mask(range, _mm512_set1_epi64(1 << 32));
+    if (carry | flush) != 0 {
+        let mut words = [0u64; WIDTH];
+        _mm512_storeu_si512(words.as_mut_ptr() as *mut __m512i, _mm512_srli_epi64::<32>(low));
+        let mut each = carry | flush;
+        while each != 0 {
+            let l = each.trailing_zeros() as usize;
+            each &= each - 1;
+            if let Some(e) = lanes[l].as_range_encoder() {
+                if carry >> l & 1 == 1 {
+                    e.propagate_carry();
+                }
+                if flush >> l & 1 == 1 {
+                    e.push_word(words[l] as u32);
+                }
+            }
+        }
+    }
+    let low_after = _mm512_mask_slli_epi64(low, flush, low, 32);
+    let range_after = _mm512_mask_slli_epi64(range, flush, range, 32);
+    k.low = _mm512_mask_blend_epi64(take, k.low, low_after);
+    k.range = _mm512_mask_blend_epi64(take, k.range, range_after);
+}
+
 /// `Exact::encode` for eight lanes: every group of `x` (a multiple of 8).
 ///
 /// # Safety
@@ -220,10 +311,20 @@ pub(crate) unsafe fn encode<W: Word, S: SymbolSink>(
 ) -> usize {
     let c = Consts::new(ex);
     let precision = ex.cdf.precision;
+    let shift = _mm512_set1_epi64(precision as i64);
+    // Real range encoders keep their state in vectors (`Encoders`); other sinks (the ideal
+    // meter) take `put` calls.
+    let mut coders = Encoders::new(lanes);
     for base in (0..x.len()).step_by(WIDTH) {
         let (xs, mus, cs) = (&x[base..base + WIDTH], &mu[base..base + WIDTH], &codes[base..base + WIDTH]);
         if !mus.iter().all(|m| m.is_finite()) {
+            if let Some(coders) = coders.as_ref() {
+                coders.store(lanes);
+            }
             ex.encode_group(lanes, escapes, xs.try_into().unwrap(), mus.try_into().unwrap(), cs.try_into().unwrap());
+            if let Some(coders) = coders.as_mut() {
+                *coders = Encoders::load(lanes);
+            }
             continue;
         }
         let s = setup(&c, ex, mus, cs);
@@ -239,12 +340,28 @@ pub(crate) unsafe fn encode<W: Word, S: SymbolSink>(
         );
         let hi = _mm512_sub_epi64(_mm512_add_epi64(s.lo, s.n), c.one);
         let kc = _mm512_min_epi64(_mm512_max_epi64(k, s.lo), hi);
-        let (mut below, mut above) = ([0u32; WIDTH], [0u32; WIDTH]);
         let (b, a) = cum_pair(&c, &s, kc);
-        _mm256_storeu_si256(below.as_mut_ptr() as *mut __m256i, b);
-        _mm256_storeu_si256(above.as_mut_ptr() as *mut __m256i, a);
         // In the window when k == kc.
         let inside = _mm512_cmpeq_epi64_mask(k, kc);
+        if let Some(coders) = coders.as_mut() {
+            let (b, a) = (_mm512_cvtepu32_epi64(b), _mm512_cvtepu32_epi64(a));
+            put(coders, lanes, inside, shift, b, _mm512_sub_epi64(a, b));
+            if inside != 0xFF {
+                // Escapes, in lane order, by the scalar encoders.
+                coders.store(lanes);
+                for l in 0..WIDTH {
+                    if inside >> l & 1 == 0 {
+                        let setup = lane_setup(ex, &s, l);
+                        ex.encode_slow(&mut lanes[l], escapes, xs[l], &setup);
+                    }
+                }
+                *coders = Encoders::load(lanes);
+            }
+            continue;
+        }
+        let (mut below, mut above) = ([0u32; WIDTH], [0u32; WIDTH]);
+        _mm256_storeu_si256(below.as_mut_ptr() as *mut __m256i, b);
+        _mm256_storeu_si256(above.as_mut_ptr() as *mut __m256i, a);
         for l in 0..WIDTH {
             if inside >> l & 1 == 1 {
                 lanes[l].put(below[l], above[l] - below[l], precision);
@@ -253,6 +370,9 @@ pub(crate) unsafe fn encode<W: Word, S: SymbolSink>(
                 ex.encode_slow(&mut lanes[l], escapes, xs[l], &setup);
             }
         }
+    }
+    if let Some(coders) = coders {
+        coders.store(lanes);
     }
     x.len()
 }
