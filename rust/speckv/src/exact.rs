@@ -60,8 +60,6 @@ pub(crate) struct Setup {
     sigma: f64,
     inv_sigma: f64,
     window: Window,
-    /// `cum`'s leak term at the pattern truncating `mu` (see `Exact::guess`).
-    leak: u32,
     /// `G_MAX + n`: where the escape symbol starts.
     escape: u32,
 }
@@ -194,11 +192,10 @@ impl<'a> Exact<'a> {
         let (sigma, inv_sigma) = self.sigmas.get(code);
         let mu = mu as f64;
         if !mu.is_finite() {
-            return Setup { mu: 0.0, sigma, inv_sigma, window: Window { lo: 0, n: 1 }, leak: 0, escape: 0 };
+            return Setup { mu: 0.0, sigma, inv_sigma, window: Window { lo: 0, n: 1 }, escape: 0 };
         }
         let window = self.window(mu, sigma);
-        let leak = (self.grid.ordinal_toward_zero(mu) - window.lo).clamp(0, window.n as i64) as u32;
-        Setup { mu, sigma, inv_sigma, window, leak, escape: self.cdf.g_max + window.n }
+        Setup { mu, sigma, inv_sigma, window, escape: self.cdf.g_max + window.n }
     }
 
     /// `cum(k)` of the exact model (see `model::mixture`).
@@ -264,14 +261,21 @@ impl<'a> Exact<'a> {
         escapes.encode(sink, x.to_u32());
     }
 
-    /// Where the decoder looks first for slot `q`: `cum(k)` is `G(z_k)` plus the leak
-    /// `k - lo`; with the leak of the pattern at `mu` taken off `q`, the inverse of `G` alone
-    /// (`MixtureCdf::guess_z`) gives a value, and the pattern whose interval holds it is the
-    /// guess (patterns near `mu` differ in leak by a handful of units, far below one pattern's
-    /// share of `G` where symbols are likely).
+    /// `cum`'s leak term `k - lo` at the pattern truncating `mu`: what `guess` takes off the
+    /// slot first (patterns near `mu` differ in leak by a handful of units, far below one
+    /// pattern's share of `G` where symbols are likely). Only decoders need it.
     #[inline(always)]
-    fn guess(&self, s: &Setup, q: u32) -> i64 {
-        let target = q.saturating_sub(s.leak).min(self.cdf.g_max - 1);
+    fn leak_at_mu(&self, s: &Setup) -> u32 {
+        (self.grid.ordinal_toward_zero(s.mu) - s.window.lo).clamp(0, s.window.n as i64) as u32
+    }
+
+    /// Where the decoder looks first for slot `q`: `cum(k)` is `G(z_k)` plus the leak
+    /// `k - lo`; with an estimate `leak` of it taken off `q`, the inverse of `G` alone
+    /// (`MixtureCdf::guess_z`) gives a value, and the pattern whose interval holds it is the
+    /// guess.
+    #[inline(always)]
+    fn guess(&self, s: &Setup, leak: u32, q: u32) -> i64 {
+        let target = q.saturating_sub(leak).min(self.cdf.g_max - 1);
         let w = s.window;
         self.grid.nearest_ordinal(s.mu + self.cdf.guess_z(target) * s.sigma).clamp(w.lo, w.lo + w.n as i64 - 1)
     }
@@ -290,9 +294,11 @@ impl<'a> Exact<'a> {
         codes: &[i16; N],
     ) {
         let scalars: [Setup; N] = each!(N, |l| self.setup(mu[l], codes[l]));
+        // Before the slots: nothing here waits on the coders.
+        let leaks: [u32; N] = each!(N, |l| self.leak_at_mu(&scalars[l]));
         let precision = self.cdf.precision;
         let q: [u32; N] = each!(N, |l| lanes[l].peek(precision));
-        let k: [i64; N] = each!(N, |l| self.guess(&scalars[l], q[l]));
+        let k: [i64; N] = each!(N, |l| self.guess(&scalars[l], leaks[l], q[l]));
         let below: [u32; N] = each!(N, |l| self.cum(&scalars[l], k[l]));
         let above: [u32; N] = each!(N, |l| self.cum(&scalars[l], k[l] + 1));
         for l in 0..N {
@@ -310,7 +316,7 @@ impl<'a> Exact<'a> {
     #[inline(always)]
     fn decode_one<W: Word>(&self, dec: &mut RangeDecoder, escapes: &mut RawPatternModel, s: &Setup) -> W {
         let q = dec.peek(self.cdf.precision);
-        let k = self.guess(s, q);
+        let k = self.guess(s, self.leak_at_mu(s), q);
         let (below, above) = (self.cum(s, k), self.cum(s, k + 1));
         if s.escape != 0 && below <= q && q < above {
             dec.consume(below, above - below);
@@ -358,8 +364,7 @@ impl<'a> Exact<'a> {
         // guess instead of at `mu`, which usually lands on the symbol or next to it.
         let (mut k, mut c_k) = (k, c_k);
         for _ in 0..2 {
-            let leak = (k - s.window.lo) as u32;
-            let again = self.guess(&Setup { leak, ..*s }, q);
+            let again = self.guess(s, (k - s.window.lo) as u32, q);
             if again == k {
                 break;
             }

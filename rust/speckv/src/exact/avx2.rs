@@ -255,8 +255,7 @@ unsafe fn lane_setup(ex: &Exact, s: &Setups, l: usize) -> Setup {
     _mm256_storeu_si256(lo.as_mut_ptr() as *mut __m256i, s.lo);
     _mm256_storeu_si256(n.as_mut_ptr() as *mut __m256i, s.n);
     let window = Window { lo: lo[l], n: n[l] as u32 };
-    let leak = (ex.grid.ordinal_toward_zero(mu[l]) - window.lo).clamp(0, window.n as i64) as u32;
-    Setup { mu: mu[l], sigma: sigma[l], inv_sigma: inv[l], window, leak, escape: ex.cdf.g_max + window.n }
+    Setup { mu: mu[l], sigma: sigma[l], inv_sigma: inv[l], window, escape: ex.cdf.g_max + window.n }
 }
 
 fn all_finite(mu: &[f32]) -> bool {

@@ -201,8 +201,7 @@ unsafe fn lane_setup(ex: &Exact, s: &Setups, l: usize) -> Setup {
     _mm512_storeu_si512(lo.as_mut_ptr() as *mut __m512i, s.lo);
     _mm512_storeu_si512(n.as_mut_ptr() as *mut __m512i, s.n);
     let window = Window { lo: lo[l], n: n[l] as u32 };
-    let leak = (ex.grid.ordinal_toward_zero(mu[l]) - window.lo).clamp(0, window.n as i64) as u32;
-    Setup { mu: mu[l], sigma: sigma[l], inv_sigma: inv[l], window, leak, escape: ex.cdf.g_max + window.n }
+    Setup { mu: mu[l], sigma: sigma[l], inv_sigma: inv[l], window, escape: ex.cdf.g_max + window.n }
 }
 
 /// The eight range encoders' `(low, range)` in vectors (see `RangeEncoder::state`).
@@ -228,19 +227,7 @@ impl Encoders {
         for (s, lane) in st.iter_mut().zip(lanes.iter_mut()) {
             *s = lane.as_range_encoder().map_or((0, 0), |e| e.state());
         }
-        let v = |f: &dyn Fn(usize) -> u64| {
-            _mm512_setr_epi64(
-                f(0) as i64,
-                f(1) as i64,
-                f(2) as i64,
-                f(3) as i64,
-                f(4) as i64,
-                f(5) as i64,
-                f(6) as i64,
-                f(7) as i64,
-            )
-        };
-        Encoders { low: v(&|l| st[l].0), range: v(&|l| st[l].1) }
+        Encoders { low: per_lane(|l| st[l].0), range: per_lane(|l| st[l].1) }
     }
 
     #[inline(always)]
@@ -377,6 +364,13 @@ pub(crate) unsafe fn encode<W: Word, S: SymbolSink>(
     x.len()
 }
 
+/// `[f(0), .., f(7)]` as one vector of 64-bit lanes.
+#[inline(always)]
+unsafe fn per_lane(f: impl Fn(usize) -> u64) -> __m512i {
+    let v = |l: usize| f(l) as i64;
+    _mm512_setr_epi64(v(0), v(1), v(2), v(3), v(4), v(5), v(6), v(7))
+}
+
 /// The eight decoders' state in vectors (see `RangeDecoder::state`), with where each lane's
 /// bytes are.
 struct Coders {
@@ -401,24 +395,12 @@ impl Coders {
             lanes[6].state(),
             lanes[7].state(),
         ];
-        let v = |f: &dyn Fn(usize) -> u64| {
-            _mm512_setr_epi64(
-                f(0) as i64,
-                f(1) as i64,
-                f(2) as i64,
-                f(3) as i64,
-                f(4) as i64,
-                f(5) as i64,
-                f(6) as i64,
-                f(7) as i64,
-            )
-        };
         Coders {
-            point: v(&|l| st[l].0),
-            range: v(&|l| st[l].1),
-            pos: v(&|l| st[l].3),
-            base: v(&|l| lanes[l].input().as_ptr() as u64),
-            len: v(&|l| lanes[l].input().len() as u64),
+            point: per_lane(|l| st[l].0),
+            range: per_lane(|l| st[l].1),
+            pos: per_lane(|l| st[l].3),
+            base: per_lane(|l| lanes[l].input().as_ptr() as u64),
+            len: per_lane(|l| lanes[l].input().len() as u64),
         }
     }
 
