@@ -38,12 +38,59 @@ def _need_hf() -> None:
         sys.exit("speckv: this command needs the hf extra: pip install 'speckv-rs[hf]'")
 
 
-def _calibrated_codec(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> tuple[Any, str, bool]:
-    """A codec for `model`, calibrated from `args.calibration` or the (cached) bundled text."""
-    from .hf import Calibration, Fp8Predictor, SpeculativeCodec, bundled_text, model_fingerprint
+PREDICTORS_HELP = (
+    "prefix (the default: the model's first layers + maps), prefix:N (N layers), map (layer 0 + maps), "
+    "fp8 (fp8 weights, float32 compute), fp8-bf16 (fp8 weights, bf16 compute)"
+)
+
+
+def make_predictor(spec: str, model: Any, block_size: int | None = None) -> Any:
+    """A predictor from its command-line name (see PREDICTORS_HELP)."""
+    import torch
+
+    from .hf import Fp8Predictor, ModelPrefixPredictor
+    from .hf.prefix import default_prefix_layers
+
+    if spec == "fp8":
+        return Fp8Predictor(model, block_size=block_size)
+    if spec == "fp8-bf16":
+        return Fp8Predictor(model, block_size=block_size, dtype=torch.bfloat16)
+    if spec == "map":
+        return ModelPrefixPredictor(model, layers=1)
+    if spec == "prefix":
+        return ModelPrefixPredictor(model, layers=default_prefix_layers(model))
+    if spec.startswith("prefix:"):
+        try:
+            layers = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise SystemExit(f"speckv: predictor {spec!r}: expected prefix:N with N a number of layers") from None
+        try:
+            return ModelPrefixPredictor(model, layers=layers)
+        except ValueError as e:
+            raise SystemExit(f"speckv: predictor {spec!r}: {e}") from None
+    raise SystemExit(f"speckv: unknown predictor {spec!r}: expected {PREDICTORS_HELP}")
+
+
+def _predictor_key(predictor: Any) -> str:
+    """A short, stable name of a predictor's settings for calibration file names."""
+    from .hf.predictors import describe
+
+    d = describe(predictor)
+    if d.get("name") == "fp8" and d.get("compute_dtype") == "float32" and d.get("threads") == 1:
+        # the name calibrations of the default fp8 predictor had before there were others
+        return "pt" if d["scale"].startswith("per-tensor") else f"b{d['scale'].split('x')[0]}"
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _calibrated_codec(
+    args: argparse.Namespace, model: Any, tokenizer: Any, label: str, spec: str | None = None
+) -> tuple[Any, str, bool]:
+    """A codec for `model` with predictor `spec` (default ``args.predictor``), calibrated from
+    `args.calibration` or the (cached) bundled text."""
+    from .hf import Calibration, SpeculativeCodec, bundled_text, model_fingerprint
     from .hf.demo import prompts
 
-    predictor = Fp8Predictor(model, block_size=args.block_size)
+    predictor = make_predictor(spec or args.predictor, model, args.block_size)
     fingerprint = model_fingerprint(model)
     if args.calibration:
         cal = Calibration.load(args.calibration)
@@ -54,8 +101,7 @@ def _calibrated_codec(args: argparse.Namespace, model: Any, tokenizer: Any, labe
     # hash(), and a changed file calibrates again).
     text_key = hashlib.sha256(text.encode()).hexdigest()[:16] if args.calibration_text else "bundled"
     path = cache_dir() / (
-        f"calibration-{fingerprint[:16]}-{'pt' if args.block_size is None else f'b{args.block_size}'}"
-        f"-{args.samples}x{args.seq_len}-{text_key}.safetensors"
+        f"calibration-{fingerprint[:16]}-{_predictor_key(predictor)}-{args.samples}x{args.seq_len}-{text_key}.safetensors"
     )
     if path.exists() and not args.recalibrate:
         try:
@@ -64,12 +110,28 @@ def _calibrated_codec(args: argparse.Namespace, model: Any, tokenizer: Any, labe
         except Exception as e:  # a stale or foreign file: calibrate again
             _say(args, f"ignoring cached calibration {path}: {e}")
     samples = prompts(tokenizer, text, args.seq_len, args.samples)
-    _say(args, f"calibrating {label} on {len(samples)} prompts x {args.seq_len} tokens of {text_name} ...")
+    _say(
+        args,
+        f"calibrating {label} ({_describe_short(predictor)}) on {len(samples)} prompts x {args.seq_len} "
+        f"tokens of {text_name} ...",
+    )
     codec = SpeculativeCodec(model, None, predictor, fingerprint=fingerprint)
     codec.calibrate(samples, source=f"{text_name}: {len(samples)} x {args.seq_len} tokens", progress=not args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     codec.save(str(path))
     return codec, str(path), False
+
+
+def _describe_short(predictor: Any) -> str:
+    from .hf.predictors import describe
+
+    d = describe(predictor)
+    if d.get("name") == "model-prefix":
+        return f"the model's first {d['layers']} layers on {d['threads']} threads + maps"
+    if d.get("name") == "fp8":
+        scale = d["scale"].replace("per-tensor absmax", "per-tensor")
+        return f"fp8 weights ({scale} scales), {d['compute_dtype']} compute on {d['threads']} thread(s)"
+    return str(d.get("name"))
 
 
 def _summary_table(result: dict[str, Any]) -> str:
@@ -103,29 +165,53 @@ def _layer_table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _run_eval(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> dict[str, Any]:
+_PRODUCERS = {
+    "other-kernels": "the model with other attention kernels than the predictor's",
+    "same": "the model itself, as the predictor runs it",
+}
+
+
+def _producer(args: argparse.Namespace) -> Any:
+    from .hf.cache import other_kernels, prefill
+
+    return other_kernels if args.producer == "other-kernels" else prefill
+
+
+def _run_eval(
+    args: argparse.Namespace, model: Any, tokenizer: Any, label: str, spec: str | None = None
+) -> dict[str, Any]:
     from .hf import bundled_text
     from .hf.demo import prompts
     from .hf.evaluate import evaluate
 
-    codec, cal_path, cached = _calibrated_codec(args, model, tokenizer, label)
+    codec, cal_path, cached = _calibrated_codec(args, model, tokenizer, label, spec)
     text = Path(args.text).read_text() if args.text else bundled_text("evaluation")
     held_out = prompts(tokenizer, text, args.seq_len, args.prompts)
     cfg = model.config
     _say(
         args,
         f"{label}: {cfg.num_hidden_layers} layers, {cfg.num_key_value_heads} kv heads x "
-        f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}; predictor: fp8 weights "
-        f"({'per-tensor' if args.block_size is None else f'{args.block_size}x{args.block_size}'} scales)",
+        f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}; "
+        f"predictor: {_describe_short(codec.predictor)}",
     )
     _say(args, f"calibration: {cal_path}{' (cached)' if cached else ''}")
     _say(
         args,
         f"evaluating {len(held_out)} held-out prompt(s) x {args.seq_len} tokens of "
-        f"{Path(args.text).name if args.text else 'bundled evaluation text'} ...",
+        f"{Path(args.text).name if args.text else 'bundled evaluation text'}, caches made by "
+        f"{_PRODUCERS[args.producer]} ...",
     )
-    result = evaluate(codec, held_out, tuple(args.modes.split(",")), threads=args.threads, progress=not args.json)
+    result = evaluate(
+        codec,
+        held_out,
+        tuple(args.modes.split(",")),
+        threads=args.threads,
+        progress=not args.json,
+        producer=_producer(args),
+    )
     result["model"] = label
+    result["predictor"] = spec or args.predictor
+    result["producer"] = args.producer
     result["calibration"] = {"path": cal_path, **codec._calibration().metadata}
     return result
 
@@ -139,14 +225,72 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any], per_layer: b
     t = result["timing"]
     first = next(iter(result["modes"].values()))
     print(
-        f"\npredictor (fp8 copy, {t['predict_s']:.2f}s): {t['predictor_cost_over_prefill']:.2f}x the model's own "
-        f"prefill ({t['prefill_s']:.2f}s); encode+decode: {1 / first['codec_speedup_over_prefill']:.2f}x the prefill"
+        f"\npredictor ({t['predict_s']:.2f}s): {t['predictor_cost_over_prefill']:.2f}x the model's own prefill "
+        f"({t['prefill_s']:.2f}s); encode+decode: {1 / first['codec_speedup_over_prefill']:.2f}x the prefill; "
+        f"restore (predictor + decode): {first['restore_over_prefill']:.2f}x the prefill"
     )
     print("b/s = bits per scalar, container included; ref ideal = single Gaussian, static per-channel sigma,")
     print("integrated over each value's rounding interval in float64, floored at 2^-24; raw = 16 (bf16) / 8 (fp8)")
     if per_layer:
         print()
         print(_layer_table(result))
+
+
+def tradeoff_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per predictor and mode: bits, predict / decode / restore cost as x prefill, and the link
+    bandwidth below which sending speckv bytes and restoring beats sending the raw cache
+    (``raw / B > coded / B + restore``, i.e. ``B < (raw - coded) / restore``)."""
+    rows = []
+    for r in results:
+        for mode, m in r["modes"].items():
+            prompts = max(r["prompts"], 1)
+            restore_s = m["restore_over_prefill"] * m["prefill_s"] / prompts
+            saved = (m["raw_bytes"] - m["bytes"]) / prompts
+            rows.append(
+                {
+                    "predictor": r["predictor"],
+                    "mode": mode,
+                    "bits_per_scalar": m["bits_per_scalar"]["with_container"],
+                    "predict_over_prefill": m["predict_over_prefill"],
+                    "decode_over_prefill": m["decode_over_prefill"],
+                    "restore_over_prefill": m["restore_over_prefill"],
+                    "break_even_gbit_s": saved * 8 / restore_s / 1e9 if restore_s > 0 else None,
+                    "beats_recompute": m["restore_over_prefill"] < 1.0,
+                    "exact": m["exact_round_trip"],
+                }
+            )
+    return rows
+
+
+def _tradeoff_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'predictor':10s} {'mode':5s} {'b/s':>6s} {'predict':>8s} {'decode':>7s} {'restore':>8s} "
+        f"{'pays below':>11s} {'vs recompute':>12s} {'exact':>5s}"
+    )
+    out = [head]
+    for r in rows:
+        link = f"{r['break_even_gbit_s']:.2f} Gb/s" if r["break_even_gbit_s"] is not None else "n/a"
+        out.append(
+            f"{r['predictor']:10s} {r['mode']:5s} {r['bits_per_scalar']:6.3f} {r['predict_over_prefill']:7.2f}x "
+            f"{r['decode_over_prefill']:6.2f}x {r['restore_over_prefill']:7.2f}x {link:>11s} "
+            f"{'cheaper' if r['beats_recompute'] else 'dearer':>12s} {'yes' if r['exact'] else 'NO':>5s}"
+        )
+    return "\n".join(out)
+
+
+def _print_tradeoff(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    rows = tradeoff_rows(results)
+    if args.json:
+        print(json.dumps({"tradeoff": rows, "results": results}, indent=2, default=str))
+        return
+    print()
+    print(_tradeoff_table(rows))
+    print(
+        "b/s = bits per scalar (container included); predict / decode / restore = time as x the model's own\n"
+        "prefill of the same prompt (restore = predict + decode: what decompress costs); pays below = the link\n"
+        "bandwidth under which sending speckv bytes and restoring beats sending the raw cache; vs recompute =\n"
+        "whether restoring is cheaper than running the prefill again"
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -169,9 +313,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from .hf import load_demo_model, load_model
 
     model, tokenizer = load_model(args.model) if args.model else load_demo_model()
-    result = _run_eval(args, model, tokenizer, Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
-    _print_result(args, result, per_layer=True)
-    if not all(m["exact_round_trip"] for m in result["modes"].values()):
+    label = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
+    specs = [p for p in (args.predictors or args.predictor).split(",") if p]
+    results = [_run_eval(args, model, tokenizer, label, spec) for spec in specs]
+    if len(results) == 1:
+        _print_result(args, results[0], per_layer=True)
+    if len(results) > 1 or not args.json:
+        _print_tradeoff(args, results)
+    if not all(m["exact_round_trip"] for r in results for m in r["modes"].values()):
         sys.exit("speckv eval: a round trip was not exact")
 
 
@@ -264,6 +413,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--samples", type=int, default=32, help="calibration prompts (default 32)")
         p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
         p.add_argument("--block-size", type=int, default=None, help="fp8 predictor block scales (default: per tensor)")
+        p.add_argument("--predictor", default="prefix", help=f"the predictor: {PREDICTORS_HELP}")
+        if not demo:
+            p.add_argument("--predictors", help="several predictors, comma-separated: prints their trade-off table")
+        p.add_argument(
+            "--producer",
+            choices=("other-kernels", "same"),
+            default="other-kernels",
+            help="who makes the caches compressed: the model with other attention kernels than the predictor's "
+            "(default: a cache from another machine or engine) or the model itself, as the predictor runs it",
+        )
         p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
         p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")
         p.add_argument("--recalibrate", action="store_true", help="ignore a cached calibration")
@@ -283,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--predictor", default="prefix", help=f"the predictor: {PREDICTORS_HELP}")
     p.add_argument("-o", "--output", help="where to write the calibration (default: the cache folder)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)

@@ -22,12 +22,17 @@ from .cache import build_cache, extract_kv
 from .calibration import Calibration, model_fingerprint
 from .codec import SpeculativeCodec
 from .demo import bundled_text, demo_gguf_path, load_demo_model, load_model
+from .layerwise import LayerRun, LayerwisePredictor
 from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor
+from .prefix import ModelPrefixPredictor
 
 __all__ = [
     "Calibration",
     "ChannelStatsPredictor",
     "Fp8Predictor",
+    "LayerRun",
+    "LayerwisePredictor",
+    "ModelPrefixPredictor",
     "Predictor",
     "SpeculativeCodec",
     "build_cache",

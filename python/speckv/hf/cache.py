@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,3 +45,27 @@ def prefill(model: Any, input_ids: torch.Tensor) -> KV:
     if cache is None:
         cache = out.past_key_values
     return [(k.detach(), v.detach()) for k, v in extract_kv(cache)]
+
+
+@contextlib.contextmanager
+def attention(model: Any, implementation: str) -> Iterator[None]:
+    """Runs ``model`` with another attention implementation (``"eager"``, ``"sdpa"``), then
+    puts the previous one back."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def other_kernels(model: Any, input_ids: torch.Tensor) -> KV:
+    """The model's cache of ``input_ids`` computed by other attention kernels than the model's
+    own (eager instead of sdpa, or sdpa instead of anything else): the same maths, other
+    last bits in most scalars of the deeper layers. This is the situation of a cache made on
+    another machine or by another engine, and what calibration and evaluation use to measure a
+    predictor that runs the model's own layers honestly (another thread count changes no bit
+    of the demo model's cache on the CPUs tested)."""
+    current = model.config._attn_implementation
+    with attention(model, "sdpa" if current == "eager" else "eager"):
+        return prefill(model, input_ids)

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .._speckv import PredictionMismatchError
-from .cache import KV, prefill
+from .cache import KV, other_kernels, prefill
 from .predictors import FP8_MAX, Predictor, describe
 
 CALIBRATION_FORMAT = 1
+# safetensors names of a learned predictor's tensors in a calibration file
+PREDICTOR_PREFIX = "predictor."
 
 
 class CalibrationMismatchError(PredictionMismatchError):
@@ -55,6 +57,12 @@ class Calibration:
     ``sigma_fp8[l, kv, h, d]``: RMS of ``fp8(true / s) - predicted / s`` in fp8 units.
     ``fp8_scales[l, kv]``: ``s``, the per-layer, per-K/V scale (absmax / 448).
     ``means[l, kv, h, d]``: mean of the true cache (the channel-stats predictor's guess).
+    ``predictor_state``: what a learned predictor fitted during calibration (e.g. the maps of
+    ``ModelPrefixPredictor``), saved alongside and given back to it by ``SpeculativeCodec``.
+    ``sigma_rel`` / ``sigma_rel_fp8`` (optional, same shape as ``sigma``): a part of the error
+    proportional to the prediction, for layers whose prediction is the model's own computation
+    under other kernels (errors of an ulp or two: relative, not absolute). Where given, a
+    scalar's sigma is ``sqrt(sigma^2 + (sigma_rel * mu)^2)``.
     """
 
     sigma: torch.Tensor
@@ -62,15 +70,33 @@ class Calibration:
     fp8_scales: torch.Tensor
     means: torch.Tensor
     metadata: dict[str, Any] = field(default_factory=dict)
+    predictor_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    # digest() hashes every tensor (the maps are megabytes) and is asked for on every
+    # compress and decompress: computed once. A Calibration is not to be changed in place.
+    sigma_rel: torch.Tensor | None = None
+    sigma_rel_fp8: torch.Tensor | None = None
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n_layers(self) -> int:
         return int(self.sigma.shape[0])
 
     def digest(self) -> str:
+        if self._digest is None:
+            self._digest = self._compute_digest()
+        return self._digest
+
+    def _compute_digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
         for t in (self.sigma, self.sigma_fp8, self.fp8_scales, self.means):
             h.update(t.float().contiguous().numpy().tobytes())
+        for name, t in (("sigma_rel", self.sigma_rel), ("sigma_rel_fp8", self.sigma_rel_fp8)):
+            if t is not None:
+                h.update(name.encode())
+                h.update(t.float().contiguous().numpy().tobytes())
+        for name in sorted(self.predictor_state):
+            h.update(name.encode())
+            h.update(self.predictor_state[name].float().contiguous().numpy().tobytes())
         h.update(json.dumps(self.metadata, sort_keys=True).encode())
         return h.hexdigest()
 
@@ -83,6 +109,11 @@ class Calibration:
             "fp8_scales": self.fp8_scales.float().contiguous(),
             "means": self.means.float().contiguous(),
         }
+        for name, t in (("sigma_rel", self.sigma_rel), ("sigma_rel_fp8", self.sigma_rel_fp8)):
+            if t is not None:
+                tensors[name] = t.float().contiguous()
+        for name, t in self.predictor_state.items():
+            tensors[PREDICTOR_PREFIX + name] = t.float().contiguous()
         save_file(tensors, path, metadata={"speckv": json.dumps(self.metadata, sort_keys=True)})
 
     @classmethod
@@ -96,7 +127,17 @@ class Calibration:
             meta = json.loads((f.metadata() or {}).get("speckv", "{}"))
         if meta.get("format") != CALIBRATION_FORMAT:
             raise CalibrationMismatchError(f"{path}: not a speckv calibration (format {meta.get('format')!r})")
-        cal = cls(tensors["sigma"], tensors["sigma_fp8"], tensors["fp8_scales"], tensors["means"], meta)
+        state = {k[len(PREDICTOR_PREFIX) :]: v for k, v in tensors.items() if k.startswith(PREDICTOR_PREFIX)}
+        cal = cls(
+            tensors["sigma"],
+            tensors["sigma_fp8"],
+            tensors["fp8_scales"],
+            tensors["means"],
+            meta,
+            state,
+            tensors.get("sigma_rel"),
+            tensors.get("sigma_rel_fp8"),
+        )
         if model is not None:
             cal.check(model_fingerprint(model), predictor)
         return cal
@@ -121,47 +162,86 @@ def calibrate(
     fingerprint: str,
     source: str = "",
     progress: bool = False,
+    producer: Callable[[Any, torch.Tensor], KV] | None = None,
 ) -> Calibration:
-    """Measures a Calibration from prompts (``input_ids`` tensors of shape ``[1, seq]``)."""
+    """Measures a Calibration from prompts (``input_ids`` tensors of shape ``[1, seq]``).
+
+    A predictor with ``fit`` (``ModelPrefixPredictor``) has its maps fitted here, and its
+    sigmas come from out-of-fold predictions. ``producer(model, input_ids)`` makes the true
+    caches (default: ``prefill``). For a predictor that runs the model's own layers the
+    default is ``other_kernels`` instead, so that the sigmas of those layers describe a cache
+    made under other kernels (the usual case: another machine or engine made the cache)
+    rather than the exact agreement of identical kernels, which would leave no room for a
+    single differing bit.
+    """
     from .. import __version__
+    from .layerwise import is_layerwise
 
     samples = list(samples)
     if not samples:
         raise ValueError("samples: at least one calibration prompt is needed")
+    fits = callable(getattr(predictor, "fit", None))
+    if producer is None:
+        producer = other_kernels if callable(getattr(predictor, "prefix", None)) else prefill
     iterator: Iterable[torch.Tensor] = samples
     if progress:
         from tqdm.auto import tqdm
 
         iterator = tqdm(samples, desc="calibrating", unit="prompt")
-    pairs: list[tuple[KV, KV]] = []
+    truths: list[KV] = []
+    whole: list[KV] = []
     tokens = 0
     with torch.no_grad():
         for ids in iterator:
-            true = prefill(model, ids)
-            pairs.append((true, predictor.predict(ids)))
+            truths.append(producer(model, ids))
+            if not fits:
+                layerwise = is_layerwise(predictor)
+                whole.append(_walk(predictor, ids, truths[-1]) if layerwise else predictor.predict(ids))
             tokens += ids.numel()
-    n_layers = len(pairs[0][0])
-    heads, dim = pairs[0][0][0][0].shape[1], pairs[0][0][0][0].shape[3]
+    n_layers = len(truths[0])
+    heads, dim = truths[0][0][0].shape[1], truths[0][0][0].shape[3]
     sq = torch.zeros(n_layers, 2, heads, dim, dtype=torch.float64)
     total = torch.zeros_like(sq)
     amax = torch.zeros(n_layers, 2, dtype=torch.float64)
     count = 0
-    for true, pred in pairs:
+    for true in truths:
         count += true[0][0].shape[0] * true[0][0].shape[2]
-        for layer, ((tk, tv), (pk, pv)) in enumerate(zip(true, pred)):
-            for kv, (t, p) in enumerate(((tk, pk), (tv, pv))):
+        for layer, pair in enumerate(true):
+            for kv, t in enumerate(pair):
                 t64 = t.double()
-                sq[layer, kv] += ((t64 - p.double()) ** 2).sum(dim=(0, 2))
                 total[layer, kv] += t64.sum(dim=(0, 2))
                 amax[layer, kv] = max(amax[layer, kv], t64.abs().max())
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
+    if fits:
+        preds = _fitted_predictions(predictor, samples, truths, scales, progress)
+    else:
+        preds = {"bf16": whole, "fp8": whole}
     sq8 = torch.zeros_like(sq)
-    for true, pred in pairs:
-        for layer, ((tk, tv), (pk, pv)) in enumerate(zip(true, pred)):
-            for kv, (t, p) in enumerate(((tk, pk), (tv, pv))):
+    # layers predicted by the model's own computation get a relative part of sigma
+    relative = range(int(getattr(predictor, "layers", 0))) if callable(getattr(predictor, "prefix", None)) else range(0)
+    rel = {v: _RelativeFit(len(relative), heads, dim) for v in ("bf16", "fp8")} if relative else {}
+    for i, true in enumerate(truths):
+        for layer, pair in enumerate(true):
+            for kv, t in enumerate(pair):
                 s = float(scales[layer, kv])
+                t64 = t.double()
+                p = preds["bf16"][i][layer][kv].double()
+                sq[layer, kv] += ((t64 - p) ** 2).sum(dim=(0, 2))
                 q = fp8_quantize(t, s).double()
-                sq8[layer, kv] += ((q - p.double() / s) ** 2).sum(dim=(0, 2))
+                p8 = preds["fp8"][i][layer][kv].double() / s
+                sq8[layer, kv] += ((q - p8) ** 2).sum(dim=(0, 2))
+                if layer in relative:
+                    rel["bf16"].add(layer, kv, t64 - p, p)
+                    rel["fp8"].add(layer, kv, q - p8, p8)
+    sigma = (sq / count).sqrt().float()
+    sigma_fp8 = (sq8 / count).sqrt().float()
+    sigma_rel = sigma_rel_fp8 = None
+    if relative:
+        sigma_rel, sigma_rel_fp8 = torch.zeros_like(sigma), torch.zeros_like(sigma)
+        for out_abs, out_rel, fit in ((sigma, sigma_rel, rel["bf16"]), (sigma_fp8, sigma_rel_fp8, rel["fp8"])):
+            a, r = fit.solve()
+            out_abs[: len(relative)] = a
+            out_rel[: len(relative)] = r
     metadata = {
         "format": CALIBRATION_FORMAT,
         "model_fingerprint": fingerprint,
@@ -171,10 +251,99 @@ def calibrate(
         "tokens": tokens,
         "source": source,
     }
+    metadata["producer"] = getattr(producer, "__name__", type(producer).__name__)
+    state_dict = getattr(predictor, "state_dict", None)
     return Calibration(
-        sigma=(sq / count).sqrt().float(),
-        sigma_fp8=(sq8 / count).sqrt().float(),
+        sigma=sigma,
+        sigma_fp8=sigma_fp8,
         fp8_scales=scales,
         means=(total / count).float(),
         metadata=metadata,
+        predictor_state=dict(state_dict()) if fits and callable(state_dict) else {},
+        sigma_rel=sigma_rel,
+        sigma_rel_fp8=sigma_rel_fp8,
     )
+
+
+class _RelativeFit:
+    """Per channel, the variance model ``e^2 ~ a + b mu^2`` fitted by least squares over the
+    calibration residuals ``e`` (b >= 0, a >= a small floor); gives ``sqrt(a)`` and ``sqrt(b)``."""
+
+    FLOOR = 1e-6
+
+    def __init__(self, layers: int, heads: int, dim: int) -> None:
+        shape = (layers, 2, heads, dim)
+        self.n = torch.zeros(shape, dtype=torch.float64)
+        self.e2, self.p2, self.p4, self.e2p2 = (torch.zeros(shape, dtype=torch.float64) for _ in range(4))
+
+    def add(self, layer: int, kv: int, e: torch.Tensor, p: torch.Tensor) -> None:
+        e2, p2 = e * e, p * p
+        self.n[layer, kv] += e.shape[0] * e.shape[2]
+        self.e2[layer, kv] += e2.sum(dim=(0, 2))
+        self.p2[layer, kv] += p2.sum(dim=(0, 2))
+        self.p4[layer, kv] += (p2 * p2).sum(dim=(0, 2))
+        self.e2p2[layer, kv] += (e2 * p2).sum(dim=(0, 2))
+
+    def solve(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.n.clamp(min=1)
+        me2, mp2, mp4, me2p2 = self.e2 / n, self.p2 / n, self.p4 / n, self.e2p2 / n
+        var_p2 = (mp4 - mp2 * mp2).clamp(min=1e-300)
+        b = ((me2p2 - me2 * mp2) / var_p2).clamp(min=0)
+        a = me2 - b * mp2
+        floor = self.FLOOR**2
+        low = a < floor
+        # where the intercept would go below the floor: pin it there and refit the slope
+        b = torch.where(low, ((me2p2 - floor * mp2) / mp4.clamp(min=1e-300)).clamp(min=0), b)
+        a = torch.where(low, torch.full_like(a, floor), a)
+        return a.sqrt().float(), b.sqrt().float()
+
+
+def _walk(predictor: Any, ids: torch.Tensor, truth: KV) -> KV:
+    """A layer-wise predictor's predictions of a prompt, observing the true cache."""
+    run = predictor.start(ids)
+    out = []
+    try:
+        for layer, pair in enumerate(truth):
+            got = []
+            for which, t in enumerate(pair):
+                got.append(run.predict(layer, which).float())
+                run.observe(layer, which, t.float())
+            out.append((got[0], got[1]))
+    finally:
+        run.close()
+    return out
+
+
+def _fitted_predictions(
+    predictor: Any, samples: list[torch.Tensor], truths: list[KV], scales: torch.Tensor, progress: bool
+) -> dict[str, list[KV]]:
+    """Fits a learned predictor and returns its out-of-fold predictions of every calibration
+    prompt, as observed in bf16 storage and in fp8 storage."""
+
+    def as_bf16(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).float()
+
+    def as_fp8(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
+        s = float(scales[layer, which])
+        return fp8_quantize(t, s).float() * s
+
+    oof = predictor.fit(truths, {"bf16": as_bf16, "fp8": as_fp8}, progress=progress)
+    prefix_layers = int(getattr(predictor, "layers", 0))
+    out: dict[str, list[KV]] = {"bf16": [], "fp8": []}
+    for i, ids in enumerate(samples):
+        made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def keep(layer: int, k: torch.Tensor, v: torch.Tensor, made: dict = made) -> None:
+            made[layer] = (k.float(), v.float())
+
+        if prefix_layers:
+            predictor.prefix(ids, keep)
+        for variant in out:
+            kv = []
+            for layer in range(len(truths[i])):
+                if layer < prefix_layers:
+                    kv.append(made[layer])
+                else:
+                    kv.append((oof[variant][i][layer, 0], oof[variant][i][layer, 1]))
+            out[variant].append(kv)
+    return out

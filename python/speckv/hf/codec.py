@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import _api
 from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
-from .cache import build_cache, extract_kv
+from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
+from .layerwise import is_layerwise
 from .predictors import Fp8Predictor, Predictor, describe
 
 MAGIC = b"SPKC"
@@ -48,6 +51,8 @@ SIGMA_FLOOR = 1e-6
 MAX_CHUNK = 1 << 24
 # Layers per chunk of the stacked layout: fewer chunk headers, still one small read per layer.
 LAYERS_PER_CHUNK = 2
+# Chunks per layer of a layer-wise predictor's streams: what one layer's decode can spread over.
+CHUNKS_PER_LAYER = 2
 
 
 def _layout(jobs: list[tuple[Any, Any, Any]]) -> str:
@@ -60,12 +65,15 @@ def _layout(jobs: list[tuple[Any, Any, Any]]) -> str:
 
 
 def _stack(targets: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
-    """Per-layer (x, mu, sigma) stacked along a new leading layer dimension."""
+    """Per-layer (x, mu, sigma) stacked along a new leading layer dimension (sigma per scalar
+    where any layer's is)."""
     xs = [t[0] for t in targets]
     x = torch.stack(xs) if xs[0] is not None else None
     mu = torch.stack([t[1] for t in targets])
-    sigma = torch.stack([t[2] for t in targets])
-    return x, mu, sigma
+    sigmas = [t[2] for t in targets]
+    if any(s.shape != sigmas[0].shape for s in sigmas):
+        sigmas = [s.expand(t[1].shape) for s, t in zip(sigmas, targets)]
+    return x, mu, torch.stack(sigmas)
 
 
 def _parallel(fn: Any, jobs: list[Any], threads: int | None) -> list[Any]:
@@ -110,12 +118,27 @@ class SpeculativeCodec:
         self.calibration = calibration
         if calibration is not None:
             calibration.check(self.fingerprint, self.predictor)
+            _give_state(self.predictor, calibration)
 
     # -- calibration -------------------------------------------------------------------
-    def calibrate(self, samples: Iterable[torch.Tensor], *, source: str = "", progress: bool = False) -> Calibration:
-        """Measures sigma and fp8 scales on prompts (``input_ids`` of shape ``[1, seq]``)."""
+    def calibrate(
+        self,
+        samples: Iterable[torch.Tensor],
+        *,
+        source: str = "",
+        progress: bool = False,
+        producer: Any = None,
+    ) -> Calibration:
+        """Measures sigma and fp8 scales on prompts (``input_ids`` of shape ``[1, seq]``), and
+        fits a learned predictor's maps (see ``calibrate``)."""
         self.calibration = calibrate(
-            self.model, self.predictor, samples, fingerprint=self.fingerprint, source=source, progress=progress
+            self.model,
+            self.predictor,
+            samples,
+            fingerprint=self.fingerprint,
+            source=source,
+            progress=progress,
+            producer=producer,
         )
         return self.calibration
 
@@ -142,13 +165,24 @@ class SpeculativeCodec:
             scale = float(cal.fp8_scales[layer, kv])
             x = fp8_quantize(true, scale) if true is not None else None
             mu = pred.float() / scale
-            sigma = cal.sigma_fp8[layer, kv]
+            sigma, rel = cal.sigma_fp8[layer, kv], cal.sigma_rel_fp8
         else:
             x = true.to(MODES[mode]) if true is not None else None
             mu = pred.float()
-            sigma = cal.sigma[layer, kv]
+            sigma, rel = cal.sigma[layer, kv], cal.sigma_rel
         sigma = sigma.clamp(min=SIGMA_FLOOR)[None, :, None, :]
+        if rel is not None and bool(rel[layer, kv].any()):
+            # per scalar: float32 elementwise operations, the same bits on every machine
+            r = rel[layer, kv].float()[None, :, None, :]
+            sigma = torch.sqrt(sigma * sigma + (r * mu) ** 2)
         return x, mu, sigma
+
+    def _observed(self, mode: str, layer: int, which: int, stored: torch.Tensor) -> torch.Tensor:
+        """What a layer-wise predictor observes of a stored tensor: its values in cache units
+        (fp8 times its scale), float32. Encoder and decoder compute it from the same bits."""
+        if mode == "fp8":
+            return stored.float() * float(self._calibration().fp8_scales[layer, which])
+        return stored.float()
 
     def compress(
         self,
@@ -162,9 +196,39 @@ class SpeculativeCodec:
         """Compresses ``cache`` (the model's cache of ``input_ids``) stored as ``dtype``:
         ``"bf16"``, ``"fp16"``, or ``"fp8"`` (e4m3 with one fp32 scale per layer and K/V, as
         vLLM stores it). Lossless for the cache in that storage dtype."""
-        return self.compress_predicted(
-            cache, input_ids, self.predictor.predict(input_ids), dtype, threads=threads, model=model
-        )
+        if dtype not in MODES:
+            raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
+        kv = self._check_cache(cache)
+        return self._encode(kv, input_ids, self.prediction(kv, input_ids, dtype), dtype, threads, model)
+
+    def prediction(self, cache: Any, input_ids: torch.Tensor, dtype: str = "bf16") -> KV:
+        """What the predictor predicts for ``cache`` (the model's cache of ``input_ids``) stored
+        as ``dtype``, per layer ``(K, V)`` in cache units: exactly the ``mu`` that ``compress``
+        codes against (a layer-wise predictor observes the stored tensors as it goes)."""
+        if not is_layerwise(self.predictor):
+            return self.predictor.predict(input_ids)
+        kv = extract_kv(cache)
+        out = []
+        run = self.predictor.start(input_ids)
+        try:
+            for layer, pair in enumerate(kv):
+                got = []
+                for which, t in enumerate(pair):
+                    p = run.predict(layer, which)
+                    got.append(p)
+                    x = self._targets(dtype, layer, which, t, p)[0]
+                    run.observe(layer, which, self._observed(dtype, layer, which, x))
+                out.append((got[0], got[1]))
+        finally:
+            run.close()
+        return out
+
+    def _check_cache(self, cache: Any) -> KV:
+        cal = self._calibration()
+        kv = extract_kv(cache)
+        if len(kv) != cal.n_layers:
+            raise ValueError(f"cache: {len(kv)} layers, the calibration has {cal.n_layers}")
+        return kv
 
     def compress_predicted(
         self,
@@ -176,13 +240,16 @@ class SpeculativeCodec:
         threads: int | None = None,
         model: str = "exact",
     ) -> bytes:
-        """``compress`` with the predictor's output for ``input_ids`` already computed."""
+        """``compress`` with the predictor's output already computed (``prediction()``; for a
+        whole-prompt predictor, its ``predict(input_ids)``, the same for every dtype)."""
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
+        return self._encode(self._check_cache(cache), input_ids, prediction, dtype, threads, model)
+
+    def _encode(
+        self, kv: KV, input_ids: torch.Tensor, prediction: KV, dtype: str, threads: int | None, model: str
+    ) -> bytes:
         cal = self._calibration()
-        kv = extract_kv(cache)
-        if len(kv) != cal.n_layers:
-            raise ValueError(f"cache: {len(kv)} layers, the calibration has {cal.n_layers}")
         jobs = []
         for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, prediction)):
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
@@ -190,15 +257,23 @@ class SpeculativeCodec:
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
                 jobs.append(self._targets(dtype, layer, which, t, p))
         layout = _layout(jobs)
-        per_chunk = 1
+        per_chunk = per_layer = 1
         if layout == "stacked":
             # One stream for all keys and one for all values, LAYERS_PER_CHUNK layers a chunk:
             # a stream per layer would cost ~0.5% of an fp8 cache in headers, a chunk per layer
-            # ~0.07%.
-            per_chunk = max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // jobs[0][0].numel(), MAX_CHUNK // jobs[1][0].numel()))
+            # ~0.07%. A layer-wise predictor decodes layer by layer: a chunk per layer.
+            layerwise = is_layerwise(self.predictor)
+            limit = 1 if layerwise else LAYERS_PER_CHUNK
+            per_chunk = max(1, min(limit, MAX_CHUNK // jobs[0][0].numel(), MAX_CHUNK // jobs[1][0].numel()))
+            if layerwise:
+                # a layer decoded on its own (after the maps) is still split over two cores
+                per_layer = CHUNKS_PER_LAYER if all(j[0].numel() % CHUNKS_PER_LAYER == 0 for j in jobs[:2]) else 1
             streams = [
                 _api.encode(
-                    *_stack(jobs[which::2]), threads=threads, chunk_size=per_chunk * jobs[which][0].numel(), model=model
+                    *_stack(jobs[which::2]),
+                    threads=threads,
+                    chunk_size=per_chunk * jobs[which][0].numel() // per_layer,
+                    model=model,
                 )
                 for which in (0, 1)
             ]
@@ -208,6 +283,7 @@ class SpeculativeCodec:
             "mode": dtype,
             "layout": layout,
             "layers_per_chunk": per_chunk,
+            "chunks_per_layer": per_layer,
             "layers": len(kv),
             "model": self.fingerprint,
             "calibration": cal.digest(),
@@ -280,10 +356,15 @@ class SpeculativeCodec:
         layers: list[int] | None,
         threads: int | None,
         prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        pipeline: bool | None = None,
     ):
         header, payload = self.read_header(data)
         self._check(header, input_ids)
         mode = header["mode"]
+        if is_layerwise(self.predictor):
+            if prediction is not None:
+                raise TypeError("prediction=: a layer-wise predictor runs inside decompress()")
+            return header, self._decode_walk(header, payload, input_ids, layers, threads, pipeline)
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
         n_layers = header["layers"]
         wanted = list(range(n_layers)) if layers is None else layers
@@ -318,6 +399,96 @@ class SpeculativeCodec:
         out = _parallel(lambda job: _api.decode(*job, threads=1), jobs, threads)
         return header, {layer: (out[2 * i], out[2 * i + 1]) for i, layer in enumerate(wanted)}
 
+    def _decode_walk(
+        self,
+        header: dict[str, Any],
+        payload: memoryview,
+        input_ids: torch.Tensor,
+        layers: list[int] | None,
+        threads: int | None,
+        pipeline: bool | None,
+    ) -> dict[int, tuple[Any, Any]]:
+        """Decodes a layer-wise predictor's stream in the walk's order (see ``layerwise``),
+        up to the last layer asked for.
+
+        The layers a run predicts without looking at decoded ones (``independent_layers``:
+        the model's own prefix) are decoded either as they are made, overlapped with the
+        predictor's forward pass (``pipeline=True``; pays where spare cores exist), or all
+        at once on every core when the forward pass ends (``pipeline=False``: on a machine
+        whose cores the forward pass already uses, sharing them slows it more than the
+        decode gains). ``None`` picks overlap when the machine has more cores than the
+        predictor's threads. Either way, the same bits."""
+        mode, n_layers = header["mode"], header["layers"]
+        wanted = list(range(n_layers)) if layers is None else layers
+        for layer in wanted:
+            if not 0 <= layer < n_layers:
+                raise IndexError(f"layer {layer} of {n_layers}")
+        stacked = header["layout"] == "stacked"
+        per_layer = int(header.get("chunks_per_layer", 1))
+        if stacked and (int(header.get("layers_per_chunk", 1)) != 1 or per_layer < 1):
+            raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
+        n_threads = _api.resolve_threads(threads)
+        if pipeline is None:
+            pipeline = (os.cpu_count() or 1) > int(getattr(self.predictor, "threads", 1))
+        mus: dict[int, torch.Tensor] = {}
+        codes: dict[int, np.ndarray] = {}
+        out: dict[int, list[Any]] = {}
+        upto = max(wanted) + 1
+
+        def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
+            _, mu, sigma = self._targets(mode, layer, which, None, pred)
+            if stacked:
+                # The stream's mu and sigma cover every layer; only the chunks decoded are
+                # read (and fingerprinted), so the rest of the buffers may stay zero.
+                if which not in mus:
+                    mus[which] = torch.zeros((n_layers, *mu.shape), dtype=torch.float32)
+                    codes[which] = np.zeros((n_layers, *mu.shape), dtype=np.int16)
+                mus[which][layer] = mu
+                codes[which][layer] = _api.sigma_codes(sigma.expand(mu.shape))
+            return mu, sigma
+
+        def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
+            """Layers first..stop-1 of K or V."""
+            if not stacked:
+                o, size = header["streams"][2 * first + which]
+                return [_api.decode(payload[o : o + size], mu, sigma, threads=n)]
+            o, size = header["streams"][which]
+            flat = _api.decode(
+                payload[o : o + size],
+                mus[which],
+                sigma_codes=codes[which],
+                threads=n,
+                chunks=(first * per_layer, stop * per_layer),
+            )
+            shape = mus[which].shape[1:]
+            return list(flat.reshape(stop - first, *shape))
+
+        run = self.predictor.start(input_ids)
+        try:
+            start = 0
+            free = min(int(getattr(run, "independent_layers", 0)), upto) if stacked and not pipeline else 0
+            if free:
+                for layer in range(free):
+                    for which in (0, 1):
+                        prepare(layer, which, run.predict(layer, which))
+                for which in (0, 1):
+                    for layer, value in enumerate(decode(0, free, which, None, None, n_threads)):
+                        out.setdefault(layer, []).append(value)
+                for layer in range(free):
+                    for which in (0, 1):
+                        run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
+                start = free
+            for layer in range(start, upto):
+                out[layer] = []
+                for which in (0, 1):
+                    mu, sigma = prepare(layer, which, run.predict(layer, which))
+                    value = decode(layer, layer + 1, which, mu, sigma, n_threads)[0]
+                    out[layer].append(value.reshape(mu.shape))
+                    run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
+        finally:
+            run.close()
+        return {layer: (out[layer][0], out[layer][1]) for layer in wanted}
+
     def decompress(
         self,
         data: bytes,
@@ -326,12 +497,15 @@ class SpeculativeCodec:
         threads: int | None = None,
         dequantize: bool = True,
         prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        pipeline: bool | None = None,
     ) -> Any:
         """The exact cache back as a ``DynamicCache``. In fp8 mode it holds the fp8 tensors
         dequantized (``fp8 * scale`` in bfloat16) unless ``dequantize=False``, which returns the
         stored float8_e4m3fn tensors themselves. ``prediction`` skips running the predictor
-        when its output for ``input_ids`` is at hand."""
-        header, layers = self._decode(data, input_ids, None, threads, prediction)
+        when its output for ``input_ids`` is at hand (whole-prompt predictors). ``pipeline``:
+        for a layer-wise predictor, whether decoding overlaps its forward pass (see
+        ``_decode_walk``; default: where spare cores exist)."""
+        header, layers = self._decode(data, input_ids, None, threads, prediction, pipeline)
         kv = [layers[i] for i in range(header["layers"])]
         if header["mode"] == "fp8" and dequantize:
             scales = self._calibration().fp8_scales
@@ -339,11 +513,25 @@ class SpeculativeCodec:
         return build_cache(kv)
 
     def decompress_layer(
-        self, data: bytes, input_ids: torch.Tensor, layer: int, *, threads: int | None = None
+        self,
+        data: bytes,
+        input_ids: torch.Tensor,
+        layer: int,
+        *,
+        threads: int | None = None,
+        pipeline: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's stored ``(K, V)`` without decoding the others."""
-        _, layers = self._decode(data, input_ids, [layer], threads)
+        """One layer's stored ``(K, V)`` without decoding the others (a layer-wise predictor
+        needs the layers below: those are decoded too, but not the ones above)."""
+        _, layers = self._decode(data, input_ids, [layer], threads, None, pipeline)
         return layers[layer]
+
+
+def _give_state(predictor: Any, calibration: Calibration) -> None:
+    """Hands a learned predictor what calibration fitted for it."""
+    load = getattr(predictor, "load_state_dict", None)
+    if callable(load):
+        load(calibration.predictor_state)
 
 
 def _dequantize(k: torch.Tensor, v: torch.Tensor, k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:

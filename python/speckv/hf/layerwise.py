@@ -1,0 +1,65 @@
+"""Layer-wise prediction: predictors that may look at the layers already decoded.
+
+A whole-prompt predictor (``Predictor``) maps ``input_ids`` to a predicted cache before any
+decoding starts. A layer-wise predictor instead opens a ``LayerRun`` for a prompt, and the
+codec walks the cache in a fixed order, on both sides::
+
+    for layer in range(n_layers):
+        for which in (0, 1):                   # K, then V
+            mu = run.predict(layer, which)     # may use everything observed so far
+            ... code (or decode) that tensor against mu ...
+            run.observe(layer, which, value)   # the stored tensor, in cache units (float32)
+
+so the prediction of layer ``l``'s K may use layers ``< l``, and its V may also use its K.
+The encoder observes the true (stored) tensors, the decoder the decoded ones: the same bits,
+so the same predictions. ``decompress_layer(l)`` of such a stream decodes layers ``0..l``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .cache import KV
+
+
+@runtime_checkable
+class LayerRun(Protocol):
+    """One prompt's walk through the layers (see the module docs for the order)."""
+
+    def predict(self, layer: int, which: int) -> torch.Tensor: ...
+
+    def observe(self, layer: int, which: int, value: torch.Tensor) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LayerwisePredictor(Protocol):
+    """A predictor that opens a ``LayerRun`` per prompt."""
+
+    def start(self, input_ids: torch.Tensor) -> LayerRun: ...
+
+
+class WholeRun:
+    """A ``LayerRun`` over a prediction made before the walk (observations are not used)."""
+
+    def __init__(self, prediction: KV) -> None:
+        self.prediction = prediction
+
+    def predict(self, layer: int, which: int) -> torch.Tensor:
+        return self.prediction[layer][which]
+
+    def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def is_layerwise(predictor: Any) -> bool:
+    return callable(getattr(predictor, "start", None))
+
+
+__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise"]

@@ -1,0 +1,386 @@
+"""``ModelPrefixPredictor``: the model's own first layers, then learned maps from the layers
+already decoded.
+
+Restoring a cache with a full quantised copy of the model costs several prefills on a CPU.
+Most of what a deep layer's K and V hold is already in the layers below it, which the decoder
+has at hand when it gets there (see ``layerwise``). So this predictor:
+
+- runs the model itself, unchanged, on the prompt for its first ``layers`` layers (the forward
+  pass stops right after layer ``layers - 1`` has written its K and V), on a fixed number of
+  torch threads recorded in the stream. Under the same kernels as the cache's producer these
+  layers are predicted exactly; under others (another thread count, another machine) to the
+  last bit or two.
+- predicts every later layer with ridge-regression maps from the decoded previous two layers
+  (K un-RoPEd first, so that position does not scramble the channels, and the predicted K
+  RoPEd again); V's map also sees the decoded K of its own layer. Calibration fits the maps
+  (``fit``) and stores them with the sigmas, measured on out-of-fold predictions so they are
+  honest about text the maps never saw.
+
+``layers=1`` is the map-only predictor: layer 0 is a function of the token ids alone (computed
+exactly as the model does), everything above comes from maps. ``layers=n_layers`` runs the
+whole model: predictions are then exact under the producer's kernels.
+
+The forward pass runs on a background thread so that the decoder codes layer ``l`` while the
+model computes layer ``l + 1``; maps run on the calling thread after the forward pass has
+finished (torch's thread count is never changed while another thread computes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .cache import KV
+from .predictors import _decoder_layers, fixed_threads
+
+# Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
+# the one with the smallest out-of-fold error wins.
+# The default prefix: this share of the model's layers (18 of the demo model's 30), chosen by
+# measurement (README, "Restore cost"): the fewest bits with a restore below the prefill.
+DEFAULT_PREFIX_SHARE = 0.6
+# torch threads of the prefix's forward pass (recorded in streams; a fixed number, so that a
+# decoder on another machine makes the same predictions whatever its core count)
+DEFAULT_THREADS = 2
+RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+FOLDS = 4
+HISTORY = 2
+
+
+def default_prefix_layers(model: Any) -> int:
+    """How many of ``model``'s layers the default ``ModelPrefixPredictor`` runs."""
+    n = int(model.config.num_hidden_layers)
+    return max(1, min(n, round(DEFAULT_PREFIX_SHARE * n)))
+
+
+class _Stop(Exception):
+    """Raised inside the model's forward pass once the last wanted layer has written its cache."""
+
+
+def _observing_cache(config: Any, stop_after: int, sink: Callable[[int, torch.Tensor, torch.Tensor], None]) -> Any:
+    """A DynamicCache that hands every layer's new K/V to ``sink`` and stops the forward pass
+    after layer ``stop_after - 1``."""
+    from transformers import DynamicCache
+
+    class ObservingCache(DynamicCache):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any):
+            out = super().update(key_states, value_states, layer_idx, *args, **kw)
+            sink(layer_idx, key_states, value_states)
+            if layer_idx + 1 >= stop_after:
+                raise _Stop
+            return out
+
+    return ObservingCache(config=config)
+
+
+class Rope:
+    """The model's rotary position embedding as a pure rotation per (position, channel pair),
+    float32, and its inverse: ``unrope(k)`` takes a cached K back to before RoPE (up to the
+    model's scaling), ``rope(u)`` applies it. Identity for models without a rotary module
+    covering the whole head (partial rotary is left alone)."""
+
+    def __init__(self, model: Any, seq: int, head_dim: int) -> None:
+        inner = getattr(model, "model", model)
+        rotary = getattr(inner, "rotary_emb", None)
+        self.cos = self.sin = None
+        if rotary is None:
+            return
+        positions = torch.arange(seq)[None, :]
+        with torch.no_grad():
+            cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+        if cos.shape[-1] != head_dim:
+            return
+        scale = float(getattr(rotary, "attention_scaling", 1.0)) or 1.0
+        self.cos = (cos.float() / scale)[:, None]  # [1, 1, seq, head_dim]
+        self.sin = (sin.float() / scale)[:, None]
+
+    @staticmethod
+    def _half(x: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    def unrope(self, k: torch.Tensor) -> torch.Tensor:
+        if self.cos is None:
+            return k
+        return k * self.cos - self._half(k) * self.sin
+
+    def rope(self, u: torch.Tensor) -> torch.Tensor:
+        if self.cos is None:
+            return u
+        return u * self.cos + self._half(u) * self.sin
+
+
+def _tokens(t: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, seq, dim] -> [batch * seq, heads * dim]."""
+    b, h, s, d = t.shape
+    return t.permute(0, 2, 1, 3).reshape(b * s, h * d)
+
+
+def _untokens(x: torch.Tensor, like: tuple[int, ...]) -> torch.Tensor:
+    b, h, s, d = like
+    return x.reshape(b, s, h, d).permute(0, 2, 1, 3).contiguous()
+
+
+def _sources(layer: int, which: int) -> list[tuple[int, int]]:
+    """(layer, K/V) pairs a map reads: both tensors of the previous HISTORY layers, and for V
+    also the K of its own layer."""
+    out = [(src, w) for src in range(layer - 1, layer - 1 - HISTORY, -1) if src >= 0 for w in (0, 1)]
+    if which == 1:
+        out.append((layer, 0))
+    return out
+
+
+Observed = dict[tuple[int, int], torch.Tensor]
+
+
+def _features(observed: Observed, sources: list[tuple[int, int]], rope: Rope) -> torch.Tensor:
+    cols = []
+    for src, w in sources:
+        t = observed[src, w].float()
+        cols.append(_tokens(rope.unrope(t) if w == 0 else t))
+    return torch.cat(cols, dim=1)
+
+
+class ModelPrefixPredictor:
+    """The model's first ``layers`` layers, run as the model runs them (its dtype, ``threads``
+    torch threads), and calibrated maps for the rest (see the module docs).
+
+    >>> from speckv.hf import ModelPrefixPredictor, SpeculativeCodec   # doctest: +SKIP
+    >>> codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=15))  # doctest: +SKIP
+    >>> codec.calibrate(samples)   # runs the model and fits the maps   # doctest: +SKIP
+    """
+
+    def __init__(self, model: Any, layers: int | None = None, *, threads: int = DEFAULT_THREADS) -> None:
+        n = int(model.config.num_hidden_layers)
+        if layers is None:
+            layers = default_prefix_layers(model)
+        if not 1 <= layers <= n:
+            raise ValueError(f"layers: expected 1..{n} (the model has {n} layers), got {layers}")
+        if threads < 1:
+            raise ValueError(f"threads: must be at least 1, got {threads}")
+        _decoder_layers(model)
+        self.model = model
+        self.layers = int(layers)
+        self.threads = int(threads)
+        self.n_layers = n
+        self.maps: dict[str, torch.Tensor] = {}
+
+    # -- identity ------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        dtype = next(self.model.parameters()).dtype
+        return {
+            "name": "model-prefix",
+            "layers": self.layers,
+            "threads": self.threads,
+            "compute_dtype": str(dtype).replace("torch.", ""),
+            "maps": f"ridge, previous {HISTORY} layers, K un-RoPEd, V given K",
+            "torch": torch.__version__,
+        }
+
+    # -- calibration state ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.maps)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = [f"maps.{layer}.{which}.weight" for layer in range(self.layers, self.n_layers) for which in "kv"]
+        missing = [name for name in missing if name not in state]
+        if missing:
+            raise ValueError(f"predictor state: missing {missing[0]} (and {len(missing) - 1} more)")
+        self.maps = {k: v.float().contiguous() for k, v in state.items() if k.startswith("maps.")}
+
+    def digest(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for name in sorted(self.maps):
+            h.update(name.encode())
+            h.update(self.maps[name].contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    # -- prediction ----------------------------------------------------------------------
+    def prefix(self, input_ids: torch.Tensor, sink: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+        """Runs the model's forward pass on ``threads`` threads until layer ``layers - 1`` has
+        written its cache, handing each layer's (K, V) to ``sink`` as it is made."""
+        cache = _observing_cache(self.model.config, self.layers, sink)
+        with torch.no_grad(), fixed_threads(self.threads):
+            try:
+                self.model(input_ids=input_ids, cache=cache, use_cache=True)
+            except _Stop:
+                return
+        raise RuntimeError("the model's forward pass ended before its cache reached the wanted layer")
+
+    def start(self, input_ids: torch.Tensor) -> _PrefixRun:
+        if self.layers < self.n_layers and not self.maps:
+            raise ValueError("ModelPrefixPredictor: the maps are not fitted: calibrate the codec first")
+        return _PrefixRun(self, input_ids)
+
+    def map_predict(self, layer: int, which: int, observed: dict[tuple[int, int], torch.Tensor], rope: Rope, shape):
+        """The map's prediction of (layer, which) from the observed tensors, float32."""
+        name = f"maps.{layer}.{'kv'[which]}"
+        with torch.no_grad(), fixed_threads(self.threads):
+            x = _features(observed, _sources(layer, which), rope)
+            y = torch.addmm(self.maps[name + ".bias"], x, self.maps[name + ".weight"])
+            out = _untokens(y, shape)
+            return rope.rope(out) if which == 0 else out
+
+    # -- fitting ---------------------------------------------------------------------------
+    def fit(
+        self,
+        truths: Sequence[KV],
+        variants: dict[str, Callable[[int, int, torch.Tensor], torch.Tensor]],
+        progress: bool = False,
+    ) -> dict[str, list[dict[tuple[int, int], torch.Tensor]]]:
+        """Fits the maps of layers ``layers..n_layers-1`` on the true caches ``truths`` (one per
+        calibration prompt) and returns out-of-fold predictions of those layers: for each
+        ``variants`` entry (a function turning a true tensor into what the decoder would observe,
+        e.g. its fp8 round trip), per prompt, ``{(layer, which): prediction}``."""
+        n = len(truths)
+        folds = [list(range(i, n, FOLDS)) for i in range(min(FOLDS, n))]
+        seqs = [t[0][0].shape[2] for t in truths]
+        shapes = [tuple(t[0][0].shape) for t in truths]
+        ropes = [Rope(self.model, s, shapes[i][3]) for i, s in enumerate(seqs)]
+        # observed tensors per variant and prompt; the fit uses the first variant's
+        names = list(variants)
+        observed = {
+            v: [
+                {(layer, w): f(layer, w, t) for layer, pair in enumerate(kv) for w, t in enumerate(pair)}
+                for kv in truths
+            ]
+            for v, f in variants.items()
+        }
+        oof: dict[str, list[dict[tuple[int, int], torch.Tensor]]] = {v: [{} for _ in range(n)] for v in names}
+        jobs = [(layer, which) for layer in range(self.layers, self.n_layers) for which in (0, 1)]
+        iterator: Any = jobs
+        if progress:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(jobs, desc="fitting maps", unit="map")
+        maps: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for layer, which in iterator:
+                sources = _sources(layer, which)
+                xs = {v: [_features(observed[v][p], sources, ropes[p]) for p in range(n)] for v in names}
+                ys = []
+                for p in range(n):
+                    t = observed[names[0]][p][layer, which].float()
+                    ys.append(_tokens(ropes[p].unrope(t) if which == 0 else t))
+                weight, bias, fold_fits = _ridge_fit(xs[names[0]], ys, folds)
+                maps[f"maps.{layer}.{'kv'[which]}.weight"] = weight
+                maps[f"maps.{layer}.{'kv'[which]}.bias"] = bias
+                for (w_f, b_f), members in zip(fold_fits, folds):
+                    for p in members:
+                        for v in names:
+                            y = _untokens(torch.addmm(b_f, xs[v][p], w_f), shapes[p])
+                            oof[v][p][layer, which] = ropes[p].rope(y) if which == 0 else y
+        self.maps = maps
+        return oof
+
+
+def _ridge_fit(xs: list[torch.Tensor], ys: list[torch.Tensor], folds: list[list[int]]):
+    """Ridge regression of ys on xs (lists per prompt, float32) with a bias. The strength is
+    picked from RIDGE_GRID by out-of-fold squared error over ``folds`` (lists of prompt
+    indices); returns the fit on everything and, per fold, the fit without it."""
+    # sums per fold, in float64: x'x, x'y, x, y, count
+    stats = []
+    for members in folds:
+        x = torch.cat([xs[p] for p in members]).double()
+        y = torch.cat([ys[p] for p in members]).double()
+        stats.append((x.T @ x, x.T @ y, x.sum(0), y.sum(0), x.shape[0]))
+
+    def solve(parts: list[int], alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+        xx = sum(stats[i][0] for i in parts)
+        xy = sum(stats[i][1] for i in parts)
+        sx = sum(stats[i][2] for i in parts)
+        sy = sum(stats[i][3] for i in parts)
+        count = sum(stats[i][4] for i in parts)
+        mx, my = sx / count, sy / count
+        cov = xx - count * torch.outer(mx, mx)
+        cxy = xy - count * torch.outer(mx, my)
+        lam = alpha * float(cov.diagonal().mean().clamp(min=1e-30))
+        w = torch.linalg.solve(cov + lam * torch.eye(cov.shape[0], dtype=cov.dtype), cxy)
+        b = my - mx @ w
+        return w.float().contiguous(), b.float().contiguous()
+
+    everything = list(range(len(folds)))
+    if len(folds) < 2:
+        w, b = solve(everything, RIDGE_GRID[2])
+        return w, b, [(w, b)]
+    best = None
+    for alpha in RIDGE_GRID:
+        fits = [solve([j for j in everything if j != i], alpha) for i in everything]
+        err = 0.0
+        for (w, b), members in zip(fits, folds):
+            for p in members:
+                err += float(((torch.addmm(b, xs[p], w) - ys[p]) ** 2).sum())
+        if best is None or err < best[0]:
+            best = (err, alpha, fits)
+    _, alpha, fits = best
+    w, b = solve(everything, alpha)
+    return w, b, fits
+
+
+class _PrefixRun:
+    """One prompt's walk for ``ModelPrefixPredictor``: the forward pass of the model's prefix
+    on a background thread, the maps on the caller's."""
+
+    def __init__(self, predictor: ModelPrefixPredictor, input_ids: torch.Tensor) -> None:
+        self.p = predictor
+        self.observed: dict[tuple[int, int], torch.Tensor] = {}
+        self.made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.error: BaseException | None = None
+        self.done = False
+        self.cond = threading.Condition()
+        self.rope: Rope | None = None
+        self.shape: tuple[int, ...] | None = None
+        # layers predicted without looking at decoded ones: the codec may decode them in bulk
+        self.independent_layers = predictor.layers
+        self.thread = threading.Thread(target=self._forward, args=(input_ids,), name="speckv-prefix", daemon=True)
+        self.thread.start()
+
+    def _sink(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        with self.cond:
+            self.made[layer] = (k.detach().float(), v.detach().float())
+            self.cond.notify_all()
+
+    def _forward(self, input_ids: torch.Tensor) -> None:
+        try:
+            self.p.prefix(input_ids, self._sink)
+        except BaseException as e:  # handed to the walking thread
+            self.error = e
+        finally:
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+    def predict(self, layer: int, which: int) -> torch.Tensor:
+        if layer < self.p.layers:
+            with self.cond:
+                while layer not in self.made and not self.done:
+                    self.cond.wait()
+            if layer not in self.made:
+                raise RuntimeError(f"the model's prefix did not produce layer {layer}") from self.error
+            return self.made[layer][which]
+        # Maps touch torch's thread count: only once the forward pass has ended.
+        self.thread.join()
+        if self.error is not None and not isinstance(self.error, _Stop):
+            raise RuntimeError("the model's prefix failed") from self.error
+        if self.rope is None:
+            k = self.made[0][0]
+            self.shape = tuple(k.shape)
+            self.rope = Rope(self.p.model, k.shape[2], k.shape[3])
+        return self.p.map_predict(layer, which, self.observed, self.rope, self.shape)
+
+    def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
+        self.observed[layer, which] = value
+        # once a layer's V is in, what no later map reads is dropped (the next layer's maps
+        # read this layer and the HISTORY - 1 before it)
+        if which == 1:
+            for old in [key for key in self.observed if key[0] <= layer - HISTORY]:
+                del self.observed[old]
+
+    def close(self) -> None:
+        self.thread.join()
+
+
+__all__ = ["DEFAULT_PREFIX_SHARE", "ModelPrefixPredictor", "Rope", "default_prefix_layers"]
