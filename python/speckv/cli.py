@@ -40,7 +40,8 @@ def _need_hf() -> None:
 
 PREDICTORS_HELP = (
     "prefix (the default: the model's first layers + maps), prefix:N (N layers), map (layer 0 + maps), "
-    "fp8 (fp8 weights, float32 compute), fp8-bf16 (fp8 weights, bf16 compute)"
+    "fp8 (fp8 weights, float32 compute, 1 thread), fp8-all (the same on every core), "
+    "fp8-bf16 (fp8 weights, bf16 compute, every core)"
 )
 
 
@@ -53,8 +54,10 @@ def make_predictor(spec: str, model: Any, block_size: int | None = None) -> Any:
 
     if spec == "fp8":
         return Fp8Predictor(model, block_size=block_size)
+    if spec == "fp8-all":
+        return Fp8Predictor(model, block_size=block_size, threads="all")
     if spec == "fp8-bf16":
-        return Fp8Predictor(model, block_size=block_size, dtype=torch.bfloat16)
+        return Fp8Predictor(model, block_size=block_size, dtype=torch.bfloat16, threads="all")
     if spec == "map":
         return ModelPrefixPredictor(model, layers=1)
     if spec == "prefix":

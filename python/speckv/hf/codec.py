@@ -23,11 +23,12 @@ and every inner stream checks its prediction fingerprint before it decodes: a mi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise
-from .predictors import Fp8Predictor, Predictor, describe
+from .predictors import Fp8Predictor, Predictor, describe, fixed_threads
 
 MAGIC = b"SPKC"
 CONTAINER_VERSION = 1
@@ -210,8 +211,12 @@ class SpeculativeCodec:
         kv = extract_kv(cache)
         out = []
         run = self.predictor.start(input_ids)
+        independent = int(getattr(run, "independent_layers", 0))
+        quiet = contextlib.ExitStack()
         try:
             for layer, pair in enumerate(kv):
+                if layer == independent:
+                    quiet.enter_context(_quiet_torch(run))
                 got = []
                 for which, t in enumerate(pair):
                     p = run.predict(layer, which)
@@ -220,6 +225,7 @@ class SpeculativeCodec:
                     run.observe(layer, which, self._observed(dtype, layer, which, x))
                 out.append((got[0], got[1]))
         finally:
+            quiet.close()
             run.close()
         return out
 
@@ -444,7 +450,8 @@ class SpeculativeCodec:
                     mus[which] = torch.zeros((n_layers, *mu.shape), dtype=torch.float32)
                     codes[which] = np.zeros((n_layers, *mu.shape), dtype=np.int16)
                 mus[which][layer] = mu
-                codes[which][layer] = _api.sigma_codes(sigma.expand(mu.shape))
+                # codes of a per-channel sigma are computed once per channel, then broadcast
+                codes[which][layer] = _api.sigma_codes(sigma)
             return mu, sigma
 
         def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
@@ -464,9 +471,11 @@ class SpeculativeCodec:
             return list(flat.reshape(stop - first, *shape))
 
         run = self.predictor.start(input_ids)
+        quiet = contextlib.ExitStack()
         try:
             start = 0
-            free = min(int(getattr(run, "independent_layers", 0)), upto) if stacked and not pipeline else 0
+            independent = int(getattr(run, "independent_layers", 0))
+            free = min(independent, upto) if stacked and not pipeline else 0
             if free:
                 for layer in range(free):
                     for which in (0, 1):
@@ -479,6 +488,8 @@ class SpeculativeCodec:
                         run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
                 start = free
             for layer in range(start, upto):
+                if layer == independent:
+                    quiet.enter_context(_quiet_torch(run))
                 out[layer] = []
                 for which in (0, 1):
                     mu, sigma = prepare(layer, which, run.predict(layer, which))
@@ -486,6 +497,7 @@ class SpeculativeCodec:
                     out[layer].append(value.reshape(mu.shape))
                     run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
         finally:
+            quiet.close()
             run.close()
         return {layer: (out[layer][0], out[layer][1]) for layer in wanted}
 
@@ -525,6 +537,20 @@ class SpeculativeCodec:
         needs the layers below: those are decoded too, but not the ones above)."""
         _, layers = self._decode(data, input_ids, [layer], threads, None, pipeline)
         return layers[layer]
+
+
+@contextlib.contextmanager
+def _quiet_torch(run: Any) -> Iterator[None]:
+    """The walk past a run's independent layers (its maps, one layer at a time): torch on one
+    thread once the run's background work is over. A layer's products are small; with more
+    threads, torch's workers keep spinning on the cores the decoder's threads need next
+    (measured: a layer's decode 1.3 ms instead of 2.4). Thread counts are process-wide in
+    torch, so this waits for the forward pass to end first."""
+    wait = getattr(run, "wait", None)
+    if callable(wait):
+        wait()
+    with fixed_threads(1):
+        yield
 
 
 def _give_state(predictor: Any, calibration: Calibration) -> None:

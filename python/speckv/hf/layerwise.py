@@ -11,6 +11,9 @@ codec walks the cache in a fixed order, on both sides::
             run.observe(layer, which, value)   # the stored tensor, in cache units (float32)
 
 so the prediction of layer ``l``'s K may use layers ``< l``, and its V may also use its K.
+A run may also say how many leading layers it predicts without looking at anything observed
+(``independent_layers``: the codec may then decode those in bulk) and have ``wait()``, which
+returns once its background work (a forward pass on another thread) is over.
 The encoder observes the true (stored) tensors, the decoder the decoded ones: the same bits,
 so the same predictions. ``decompress_layer(l)`` of such a stream decodes layers ``0..l``.
 """

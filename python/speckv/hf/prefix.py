@@ -45,6 +45,10 @@ DEFAULT_PREFIX_SHARE = 0.6
 # torch threads of the prefix's forward pass (recorded in streams; a fixed number, so that a
 # decoder on another machine makes the same predictions whatever its core count)
 DEFAULT_THREADS = 2
+# The maps' products are small (a layer's tokens x ~1k features): on one thread, torch's
+# workers do not linger spinning on the cores the decoder needs next (see codec._quiet_torch).
+MAP_THREADS = 1
+MAP_DTYPE = torch.bfloat16
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 FOLDS = 4
 HISTORY = 2
@@ -167,6 +171,7 @@ class ModelPrefixPredictor:
         self.threads = int(threads)
         self.n_layers = n
         self.maps: dict[str, torch.Tensor] = {}
+        self._joint_maps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     # -- identity ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -190,6 +195,7 @@ class ModelPrefixPredictor:
         if missing:
             raise ValueError(f"predictor state: missing {missing[0]} (and {len(missing) - 1} more)")
         self.maps = {k: v.float().contiguous() for k, v in state.items() if k.startswith("maps.")}
+        self._joint_maps = {}
 
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
@@ -215,14 +221,39 @@ class ModelPrefixPredictor:
             raise ValueError("ModelPrefixPredictor: the maps are not fitted: calibrate the codec first")
         return _PrefixRun(self, input_ids)
 
-    def map_predict(self, layer: int, which: int, observed: dict[tuple[int, int], torch.Tensor], rope: Rope, shape):
-        """The map's prediction of (layer, which) from the observed tensors, float32."""
-        name = f"maps.{layer}.{'kv'[which]}"
-        with torch.no_grad(), fixed_threads(self.threads):
-            x = _features(observed, _sources(layer, which), rope)
-            y = torch.addmm(self.maps[name + ".bias"], x, self.maps[name + ".weight"])
-            out = _untokens(y, shape)
-            return rope.rope(out) if which == 0 else out
+    def _joint(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K's map and the part of V's map that reads the previous layers, side by side: one
+        matrix product at K's turn; at V's, only its own layer's K remains to multiply."""
+        if layer not in self._joint_maps:
+            wk, bk = self.maps[f"maps.{layer}.k.weight"], self.maps[f"maps.{layer}.k.bias"]
+            wv, bv = self.maps[f"maps.{layer}.v.weight"], self.maps[f"maps.{layer}.v.bias"]
+            w = torch.cat([wk, wv[: wk.shape[0]]], dim=1).to(MAP_DTYPE).contiguous()
+            own = wv[wk.shape[0] :].to(MAP_DTYPE).contiguous()
+            self._joint_maps[layer] = (w, torch.cat([bk, bv]).to(MAP_DTYPE), own)
+        return self._joint_maps[layer][:2]
+
+    def _own_k(self, layer: int) -> torch.Tensor:
+        self._joint(layer)
+        return self._joint_maps[layer][2]
+
+    def map_predict(self, layer: int, which: int, observed: Observed, rope: Rope, shape, scratch: dict) -> torch.Tensor:
+        """The map's prediction of (layer, which) from the observed tensors. K's turn leaves
+        V's partial sum in ``scratch``. The products run in bfloat16 (float32 accumulation):
+        ~3x faster than float32 on CPUs with bf16 matmuls, and the rounding of the prediction
+        to bf16 is far below the maps' own error."""
+        with torch.no_grad(), fixed_threads(MAP_THREADS):
+            if which == 0 or layer not in scratch:
+                w, b = self._joint(layer)
+                x = _features(observed, _sources(layer, 0), rope).to(MAP_DTYPE)
+                y = torch.addmm(b, x, w).float()
+                width = shape[1] * shape[3]
+                scratch[layer] = y[:, width:]
+                if which == 0:
+                    return rope.rope(_untokens(y[:, :width], shape))
+            partial = scratch.pop(layer)
+            wv = self._own_k(layer)
+            own = _tokens(rope.unrope(observed[layer, 0].float())).to(MAP_DTYPE)
+            return _untokens(partial + (own @ wv).float(), shape)
 
     # -- fitting ---------------------------------------------------------------------------
     def fit(
@@ -274,6 +305,7 @@ class ModelPrefixPredictor:
                             y = _untokens(torch.addmm(b_f, xs[v][p], w_f), shapes[p])
                             oof[v][p][layer, which] = ropes[p].rope(y) if which == 0 else y
         self.maps = maps
+        self._joint_maps = {}
         return oof
 
 
@@ -332,6 +364,7 @@ class _PrefixRun:
         self.done = False
         self.cond = threading.Condition()
         self.rope: Rope | None = None
+        self.scratch: dict[int, torch.Tensor] = {}
         self.shape: tuple[int, ...] | None = None
         # layers predicted without looking at decoded ones: the codec may decode them in bulk
         self.independent_layers = predictor.layers
@@ -369,7 +402,7 @@ class _PrefixRun:
             k = self.made[0][0]
             self.shape = tuple(k.shape)
             self.rope = Rope(self.p.model, k.shape[2], k.shape[3])
-        return self.p.map_predict(layer, which, self.observed, self.rope, self.shape)
+        return self.p.map_predict(layer, which, self.observed, self.rope, self.shape, self.scratch)
 
     def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
         self.observed[layer, which] = value
@@ -378,6 +411,10 @@ class _PrefixRun:
         if which == 1:
             for old in [key for key in self.observed if key[0] <= layer - HISTORY]:
                 del self.observed[old]
+
+    def wait(self) -> None:
+        """Returns once the forward pass has ended (and restored torch's thread count)."""
+        self.thread.join()
 
     def close(self) -> None:
         self.thread.join()

@@ -1,0 +1,193 @@
+"""Layer-wise prediction: ModelPrefixPredictor (the model's own first layers, then ridge maps
+from the decoded layers) on tiny random models, and its calibration pieces."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import speckv  # noqa: E402
+from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
+from speckv.hf.cache import other_kernels, prefill  # noqa: E402
+from speckv.hf.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
+from speckv.hf.prefix import Rope, _ridge_fit  # noqa: E402
+
+from test_hf import ids, tiny_model  # noqa: E402
+
+WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
+
+
+def stored(codec, mode, layer, which, t):
+    if mode == "fp8":
+        return fp8_quantize(t, float(codec.calibration.fp8_scales[layer, which]))
+    return t.to({"bf16": torch.bfloat16, "fp16": torch.float16}[mode])
+
+
+@pytest.fixture(scope="module", params=[("llama", 1), ("llama", 2), ("qwen3", 2), ("llama", 3)])
+def prefix_codec(request):
+    kind, layers = request.param
+    model = tiny_model(kind)
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=layers))
+    codec.calibrate([ids(48, s) for s in range(6)])
+    return model, codec
+
+
+def assert_same(codec, mode, cache, back):
+    word = WORDS[mode]
+    for layer, ((k, v), (k2, v2)) in enumerate(zip(cache, back)):
+        for which, (a, b) in enumerate(((k, k2), (v, v2))):
+            ref = stored(codec, mode, layer, which, a)
+            assert b.dtype == ref.dtype and b.shape == ref.shape
+            assert torch.equal(ref.view(word), b.view(word)), (layer, which)
+
+
+@pytest.mark.parametrize("mode", list(WORDS))
+@pytest.mark.parametrize("producer", [prefill, other_kernels])
+def test_round_trip_is_exact_and_paths_agree(prefix_codec, mode, producer):
+    model, codec = prefix_codec
+    prompt = ids(40, 99)
+    cache = producer(model, prompt)
+    data = codec.compress(cache, prompt, mode)
+    sequential = extract_kv(codec.decompress(data, prompt, dequantize=False, pipeline=False))
+    pipelined = extract_kv(codec.decompress(data, prompt, dequantize=False, pipeline=True, threads=1))
+    assert_same(codec, mode, cache, sequential)
+    assert_same(codec, mode, cache, pipelined)
+    # one layer: the walk stops there
+    for layer in range(len(cache)):
+        k, v = codec.decompress_layer(data, prompt, layer)
+        assert torch.equal(k.view(WORDS[mode]), sequential[layer][0].view(WORDS[mode]))
+    # the bytes do not depend on the coder's threads
+    assert codec.compress(cache, prompt, mode, threads=1) == data
+
+
+def test_prefix_layers_are_the_models_own(prefix_codec):
+    """Under the model's own kernels, the layers the predictor runs are the cache, bit for bit,
+    and cost next to nothing."""
+    model, codec = prefix_codec
+    prompt = ids(40, 7)
+    cache = prefill(model, prompt)
+    pred = codec.prediction(cache, prompt, "bf16")
+    for layer in range(codec.predictor.layers):
+        for which in (0, 1):
+            assert torch.equal(pred[layer][which], cache[layer][which].float())
+
+
+def test_predictions_do_not_depend_on_torch_threads(prefix_codec):
+    model, codec = prefix_codec
+    prompt = ids(40, 8)
+    cache = other_kernels(model, prompt)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = codec.prediction(cache, prompt, "bf16")
+        data = codec.compress(cache, prompt, "bf16")
+        torch.set_num_threads(3)
+        b = codec.prediction(cache, prompt, "bf16")
+        again = codec.compress(cache, prompt, "bf16")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+    for (k, v), (k2, v2) in zip(a, b):
+        assert torch.equal(k.view(torch.int32), k2.view(torch.int32))
+        assert torch.equal(v.view(torch.int32), v2.view(torch.int32))
+    assert data == again
+
+
+def test_another_prediction_is_refused(prefix_codec):
+    model, codec = prefix_codec
+    prompt = ids(32, 11)
+    data = codec.compress(other_kernels(model, prompt), prompt, "bf16")
+    predictor = codec.predictor
+    original = predictor.map_predict if predictor.layers < predictor.n_layers else None
+
+    # the same settings but other predictions (as another torch build might make): refused by
+    # the fingerprint of the coding parameters, before any wrong value comes out
+    def shifted_prefix(input_ids, sink):
+        return ModelPrefixPredictor.prefix(predictor, input_ids, lambda l, k, v: sink(l, k + 1e-2, v))
+
+    predictor.prefix = shifted_prefix
+    try:
+        with pytest.raises(speckv.PredictionMismatchError):
+            codec.decompress(data, prompt)
+    finally:
+        del predictor.prefix
+    if original is not None:
+        predictor.map_predict = lambda *a: original(*a) * 1.001
+        try:
+            with pytest.raises(speckv.PredictionMismatchError):
+                codec.decompress(data, prompt, pipeline=False)
+        finally:
+            del predictor.map_predict
+    assert codec.decompress(data, prompt) is not None
+    # other settings: refused by name before the predictor runs
+    other = ModelPrefixPredictor(model, layers=predictor.layers, threads=predictor.threads + 1)
+    with pytest.raises(CalibrationMismatchError, match="predictor"):
+        SpeculativeCodec(model, codec.calibration, other)
+
+
+def test_calibration_keeps_the_maps(prefix_codec, tmp_path):
+    model, codec = prefix_codec
+    path = tmp_path / "cal.safetensors"
+    codec.save(str(path))
+    loaded = Calibration.load(str(path), model, codec.predictor)
+    assert loaded.digest() == codec.calibration.digest()
+    assert set(loaded.predictor_state) == set(codec.calibration.predictor_state)
+    assert (loaded.sigma_rel is None) == (codec.calibration.sigma_rel is None)
+    fresh = ModelPrefixPredictor(model, layers=codec.predictor.layers)
+    again = SpeculativeCodec(model, loaded, fresh)
+    prompt = ids(32, 12)
+    cache = other_kernels(model, prompt)
+    data = codec.compress(cache, prompt, "fp8")
+    assert_same(again, "fp8", cache, extract_kv(again.decompress(data, prompt, dequantize=False)))
+    if codec.calibration.predictor_state:
+        name = sorted(codec.calibration.predictor_state)[0]
+        changed = Calibration.load(str(path))
+        changed.predictor_state[name] = changed.predictor_state[name] + 1
+        assert changed.digest() != codec.calibration.digest()
+
+
+def test_unfitted_maps_and_bad_settings_are_refused():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="calibrate"):
+        ModelPrefixPredictor(model, layers=1).start(ids(8, 1))
+    ModelPrefixPredictor(model, layers=3).start(ids(8, 1)).close()  # the whole model: no maps
+    for layers in (0, 4):
+        with pytest.raises(ValueError, match="layers"):
+            ModelPrefixPredictor(model, layers=layers)
+    with pytest.raises(ValueError, match="missing"):
+        ModelPrefixPredictor(model, layers=1).load_state_dict({})
+
+
+def test_rope_inverts():
+    model = tiny_model("llama")
+    rope = Rope(model, 20, 16)
+    k = torch.randn(1, 2, 20, 16)
+    assert torch.allclose(rope.rope(rope.unrope(k)), k, atol=1e-5)
+    # and is the model's: position 0 is unrotated, later positions are not
+    assert torch.allclose(rope.unrope(k)[:, :, 0], k[:, :, 0])
+    assert not torch.allclose(rope.unrope(k)[:, :, 5], k[:, :, 5])
+
+
+def test_ridge_recovers_a_linear_map():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 3, generator=g)
+    xs = [torch.randn(50, 6, generator=g) for _ in range(4)]
+    ys = [x @ w + 0.5 for x in xs]
+    fit_w, fit_b, folds = _ridge_fit(xs, ys, [[0], [1], [2], [3]])
+    assert torch.allclose(fit_w, w, atol=1e-2) and torch.allclose(fit_b, torch.full((3,), 0.5), atol=1e-2)
+    assert len(folds) == 4
+
+
+def test_relative_sigma_fit_recovers_both_parts():
+    g = torch.Generator().manual_seed(1)
+    fit = _RelativeFit(1, 1, 2)
+    p = torch.randn(1, 1, 200000, 2, generator=g, dtype=torch.float64) * 3
+    a, b = torch.tensor([0.1, 0.1]), torch.tensor([0.05, 0.0])
+    e = torch.randn(p.shape, generator=g, dtype=torch.float64) * (a**2 + (b * p) ** 2).sqrt()
+    fit.add(0, 0, e, p)
+    fit.add(0, 1, e, p)
+    got_a, got_b = fit.solve()
+    assert torch.allclose(got_a[0, 0, 0], a.float(), rtol=0.1, atol=2e-3)
+    assert torch.allclose(got_b[0, 0, 0], b.float(), rtol=0.1, atol=5e-3)
