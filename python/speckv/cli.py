@@ -211,6 +211,7 @@ def _run_eval(
         threads=args.threads,
         progress=not args.json,
         producer=_producer(args),
+        repeat=args.repeat,
     )
     result["model"] = label
     result["predictor"] = spec or args.predictor
@@ -425,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
             default="other-kernels",
             help="who makes the caches compressed: the model with other attention kernels than the predictor's "
             "(default: a cache from another machine or engine) or the model itself, as the predictor runs it",
+        )
+        p.add_argument(
+            "--repeat", type=int, default=1 if demo else 3, help="time each step this many times, keep the fastest"
         )
         p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
         p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")

@@ -182,6 +182,7 @@ class ModelPrefixPredictor:
             "threads": self.threads,
             "compute_dtype": str(dtype).replace("torch.", ""),
             "maps": f"ridge, previous {HISTORY} layers, K un-RoPEd, V given K",
+            "map_compute": f"{str(MAP_DTYPE).replace('torch.', '')}, {MAP_THREADS} thread(s)",
             "torch": torch.__version__,
         }
 
