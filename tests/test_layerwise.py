@@ -8,13 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_hf import ids, tiny_model  # noqa: E402
+
 import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.hf.cache import other_kernels, prefill  # noqa: E402
 from speckv.hf.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
 from speckv.hf.prefix import Rope, _ridge_fit  # noqa: E402
-
-from test_hf import ids, tiny_model  # noqa: E402
 
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 
@@ -105,7 +105,7 @@ def test_another_prediction_is_refused(prefix_codec):
     # the same settings but other predictions (as another torch build might make): refused by
     # the fingerprint of the coding parameters, before any wrong value comes out
     def shifted_prefix(input_ids, sink):
-        return ModelPrefixPredictor.prefix(predictor, input_ids, lambda l, k, v: sink(l, k + 1e-2, v))
+        return ModelPrefixPredictor.prefix(predictor, input_ids, lambda layer, k, v: sink(layer, k + 1e-2, v))
 
     predictor.prefix = shifted_prefix
     try:

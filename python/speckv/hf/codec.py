@@ -39,7 +39,8 @@ from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise
-from .predictors import Fp8Predictor, Predictor, describe, fixed_threads
+from .predictors import Predictor, describe, fixed_threads
+from .prefix import ModelPrefixPredictor
 
 MAGIC = b"SPKC"
 CONTAINER_VERSION = 1
@@ -102,7 +103,9 @@ class SpeculativeCodec:
     """Lossless KV-cache compression for one model, one predictor and one calibration.
 
     ``model`` is the Hugging Face causal LM whose caches are compressed; ``predictor``
-    defaults to ``Fp8Predictor(model)``; ``calibration`` comes from ``calibrate`` or ``load``.
+    defaults to ``ModelPrefixPredictor(model)`` (the model's own first layers, then maps from
+    the decoded layers: restoring costs less than the model's prefill; see the README's
+    "Restore cost" for the others); ``calibration`` comes from ``calibrate`` or ``load``.
     """
 
     def __init__(
@@ -114,7 +117,7 @@ class SpeculativeCodec:
         fingerprint: str | None = None,
     ) -> None:
         self.model = model
-        self.predictor = predictor if predictor is not None else Fp8Predictor(model)
+        self.predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
         if calibration is not None:
@@ -148,7 +151,7 @@ class SpeculativeCodec:
 
     @classmethod
     def load(cls, path: str, model: Any, predictor: Predictor | None = None) -> SpeculativeCodec:
-        predictor = predictor if predictor is not None else Fp8Predictor(model)
+        predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         fingerprint = model_fingerprint(model)
         calibration = Calibration.load(path)
         return cls(model, calibration, predictor, fingerprint=fingerprint)

@@ -39,9 +39,9 @@ from .predictors import _decoder_layers, fixed_threads
 
 # Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
 # the one with the smallest out-of-fold error wins.
-# The default prefix: this share of the model's layers (18 of the demo model's 30), chosen by
+# The default prefix: this share of the model's layers (20 of the demo model's 30), chosen by
 # measurement (README, "Restore cost"): the fewest bits with a restore below the prefill.
-DEFAULT_PREFIX_SHARE = 0.6
+DEFAULT_PREFIX_SHARE = 2 / 3
 # torch threads of the prefix's forward pass (recorded in streams; a fixed number, so that a
 # decoder on another machine makes the same predictions whatever its core count)
 DEFAULT_THREADS = 2
