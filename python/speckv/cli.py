@@ -233,8 +233,9 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any], per_layer: b
         f"({t['prefill_s']:.2f}s); encode+decode: {1 / first['codec_speedup_over_prefill']:.2f}x the prefill; "
         f"restore (predictor + decode): {first['restore_over_prefill']:.2f}x the prefill"
     )
-    print("b/s = bits per scalar, container included; ref ideal = single Gaussian, static per-channel sigma,")
-    print("integrated over each value's rounding interval in float64, floored at 2^-24; raw = 16 (bf16) / 8 (fp8)")
+    print("b/s = bits per scalar, container included; ref ideal = a single Gaussian around the predictor's mu with")
+    print("the codec's sigma, integrated over each value's rounding interval in float64, floored at 2^-24;")
+    print("raw = 16 (bf16) / 8 (fp8); restore = all that decompress costs, predictor included")
     if per_layer:
         print()
         print(_layer_table(result))
