@@ -136,6 +136,7 @@ def test_mismatches_are_refused_before_output(calibrated, tmp_path):
     loaded = Calibration.load(str(path), model, codec.predictor)
     assert loaded.digest() == codec.calibration.digest()
     assert SpeculativeCodec(model, loaded, codec.predictor).decompress(data, prompt) is not None
+    assert SpeculativeCodec.load(str(path), model).predictor.describe() == codec.predictor.describe()
     with pytest.raises(CalibrationMismatchError):
         Calibration.load(str(path), other)
 

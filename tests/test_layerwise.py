@@ -137,6 +137,8 @@ def test_calibration_keeps_the_maps(prefix_codec, tmp_path):
     assert (loaded.sigma_rel is None) == (codec.calibration.sigma_rel is None)
     fresh = ModelPrefixPredictor(model, layers=codec.predictor.layers)
     again = SpeculativeCodec(model, loaded, fresh)
+    rebuilt = SpeculativeCodec.load(str(path), model)  # the predictor from the recorded settings
+    assert rebuilt.predictor.describe() == codec.predictor.describe()
     prompt = ids(32, 12)
     cache = other_kernels(model, prompt)
     data = codec.compress(cache, prompt, "fp8")

@@ -93,7 +93,10 @@ def _calibrated_codec(
     from .hf import Calibration, SpeculativeCodec, bundled_text, model_fingerprint
     from .hf.demo import prompts
 
-    predictor = make_predictor(spec or args.predictor, model, args.block_size)
+    if args.calibration and not (spec or args.predictor):
+        # the predictor the calibration was made with
+        return SpeculativeCodec.load(args.calibration, model), args.calibration, False
+    predictor = make_predictor(spec or args.predictor or "prefix", model, args.block_size)
     fingerprint = model_fingerprint(model)
     if args.calibration:
         cal = Calibration.load(args.calibration)
@@ -214,7 +217,7 @@ def _run_eval(
         repeat=args.repeat,
     )
     result["model"] = label
-    result["predictor"] = spec or args.predictor
+    result["predictor"] = spec or args.predictor or ("from-calibration" if args.calibration else "prefix")
     result["producer"] = args.producer
     result["calibration"] = {"path": cal_path, **codec._calibration().metadata}
     return result
@@ -319,7 +322,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_model(args.model) if args.model else load_demo_model()
     label = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
-    specs = [p for p in (args.predictors or args.predictor).split(",") if p]
+    specs = [p for p in (args.predictors or args.predictor or "prefix").split(",") if p]
     results = [_run_eval(args, model, tokenizer, label, spec) for spec in specs]
     if len(results) == 1:
         _print_result(args, results[0], per_layer=True)
@@ -418,7 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--samples", type=int, default=32, help="calibration prompts (default 32)")
         p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
         p.add_argument("--block-size", type=int, default=None, help="fp8 predictor block scales (default: per tensor)")
-        p.add_argument("--predictor", default="prefix", help=f"the predictor: {PREDICTORS_HELP}")
+        p.add_argument(
+            "--predictor", help=f"the predictor: {PREDICTORS_HELP}; default prefix, or the --calibration file's"
+        )
         if not demo:
             p.add_argument("--predictors", help="several predictors, comma-separated: prints their trade-off table")
         p.add_argument(

@@ -39,7 +39,7 @@ from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise
-from .predictors import Predictor, describe, fixed_threads
+from .predictors import Fp8Predictor, Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
 
 MAGIC = b"SPKC"
@@ -151,10 +151,12 @@ class SpeculativeCodec:
 
     @classmethod
     def load(cls, path: str, model: Any, predictor: Predictor | None = None) -> SpeculativeCodec:
-        predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
-        fingerprint = model_fingerprint(model)
+        """A codec from a saved calibration. Without ``predictor``, the one the calibration was
+        made with is rebuilt from its recorded settings (built-in predictors only)."""
         calibration = Calibration.load(path)
-        return cls(model, calibration, predictor, fingerprint=fingerprint)
+        if predictor is None:
+            predictor = predictor_from_description(model, calibration.metadata.get("predictor", {}))
+        return cls(model, calibration, predictor, fingerprint=model_fingerprint(model))
 
     def _calibration(self) -> Calibration:
         if self.calibration is None:
@@ -540,6 +542,21 @@ class SpeculativeCodec:
         needs the layers below: those are decoded too, but not the ones above)."""
         _, layers = self._decode(data, input_ids, [layer], threads, None, pipeline)
         return layers[layer]
+
+
+def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
+    """The built-in predictor whose ``describe()`` is ``description`` (as recorded in
+    calibrations and streams); ``CalibrationMismatchError`` for others."""
+    name = description.get("name")
+    if name == "model-prefix":
+        return ModelPrefixPredictor(model, int(description["layers"]), threads=int(description["threads"]))
+    if name == "fp8":
+        scale = str(description.get("scale", ""))
+        block = None if scale.startswith("per-tensor") else int(scale.split("x")[0])
+        threads = description.get("threads", 1)
+        dtype = getattr(torch, str(description.get("compute_dtype", "float32")))
+        return Fp8Predictor(model, block_size=block, threads="all" if threads == "any" else int(threads), dtype=dtype)
+    raise CalibrationMismatchError(f"the calibration's predictor {description} is not built in: pass predictor=")
 
 
 @contextlib.contextmanager
