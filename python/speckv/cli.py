@@ -152,10 +152,14 @@ def _summary_table(result: dict[str, Any]) -> str:
         rows.append(
             f"{mode:5s} {b['K']:7.3f} {b['V']:7.3f} {b['with_container']:8.3f} "
             f"{m['reference_ideal_bits_per_scalar']:9.3f} {m['coded_over_reference_ideal']:11.4f} "
-            f"{m['ratio_vs_raw']:6.2f}x {zstd:>9s} {m['encode_msym_per_s']:10.1f} {m['decode_msym_per_s']:10.1f} "
+            f"{m['ratio_vs_raw']:6.2f}x {zstd:>9s} {m['encode_msym_per_s']:10.1f} {_rate(m['decode_msym_per_s'])} "
             f"{'yes' if m['exact_round_trip'] else 'NO':>5s}"
         )
     return "\n".join(rows)
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:10.1f}" if value is not None else f"{'n/a':>10s}"
 
 
 def _layer_table(result: dict[str, Any]) -> str:

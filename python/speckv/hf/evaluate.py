@@ -221,7 +221,8 @@ def evaluate(
             "encode_s": acc["encode_s"],
             "decode_s": acc["decode_s"],
             "encode_msym_per_s": scalars / acc["encode_s"] / 1e6,
-            "decode_msym_per_s": scalars / acc["decode_s"] / 1e6,
+            # a layer-wise predictor's decode share is restore minus its walk: may round to 0
+            "decode_msym_per_s": scalars / acc["decode_s"] / 1e6 if acc["decode_s"] > 0 else None,
             "codec_speedup_over_prefill": timing["prefill_s"] / (acc["encode_s"] + acc["decode_s"]),
             # restore = predictor + decode (a layer-wise predictor: decompress, all of it)
             "restore_over_prefill": (acc["restore_s"] + (0.0 if layerwise else timing["predict_s"]))
