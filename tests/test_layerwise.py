@@ -193,3 +193,14 @@ def test_relative_sigma_fit_recovers_both_parts():
     got_a, got_b = fit.solve()
     assert torch.allclose(got_a[0, 0, 0], a.float(), rtol=0.1, atol=2e-3)
     assert torch.allclose(got_b[0, 0, 0], b.float(), rtol=0.1, atol=5e-3)
+
+
+def test_layers_for_budget_chooses_within_the_model():
+    from speckv.hf.prefix import layers_for_budget
+
+    model = tiny_model("llama")
+    prompt = ids(64, 3)
+    m, costs = layers_for_budget(model, prompt, 1.0, repeat=1)
+    assert 1 <= m <= 3 and len(costs) == 3 and all(c > 0 for c in costs)
+    assert layers_for_budget(model, prompt, 0.0, repeat=1)[0] == 1
+    assert layers_for_budget(model, prompt, 1e9, repeat=1)[0] == 3
