@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(default: a cache from another machine or engine) or the model itself, as the predictor runs it",
         )
         p.add_argument(
-            "--repeat", type=int, default=1 if demo else 3, help="time each step this many times, keep the fastest"
+            "--repeat", type=int, default=2 if demo else 3, help="time each step this many times, keep the fastest"
         )
         p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
         p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")
