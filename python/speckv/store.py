@@ -1,0 +1,358 @@
+"""Where compressed cache blocks live: one small interface, three backends.
+
+A backend maps keys to entries. Keys are lowercase hex digests (16 to 64 digits): the prefix
+store names a token block by a hash chain over the blocks up to it, so a key also names its
+whole prefix, and ``parent`` (the previous block's key) is given with each ``put``. Entries are
+opaque bytes to a backend; ``pack_entry`` / ``unpack_entry`` frame them with a length and a
+checksum so that a damaged entry reads as ``CorruptStreamError`` instead of a wrong cache.
+
+Entry layout (little-endian)::
+
+    offset  size  field
+    0       4     magic b"SPKB"
+    4       2     entry version (1)
+    6       2     reserved, 0
+    8       8     payload length N
+    16      8     BLAKE2b-64 of the payload
+    24      N     payload
+
+Backends (``Backend`` is the whole interface):
+
+- ``MemoryBackend(max_bytes)``: in this process; least-recently-used eviction that only ever
+  removes a block no stored block extends, so a stored prefix never has a hole.
+- ``DirectoryBackend(path)``: a file per entry, written to a temporary name, flushed to disk
+  and renamed (atomic on POSIX): readers in other processes see a whole entry or none, and a
+  writer killed midway leaves only a temporary file that is never read (``cleanup`` removes
+  old ones). Survives restarts.
+- ``RedisBackend(url)``: a Redis server (the ``redis`` client package; ``SET NX``: the first
+  writer of a key wins, and every writer of a key writes the same bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ._speckv import ChecksumError, CorruptStreamError, SpeckvError
+
+ENTRY_MAGIC = b"SPKB"
+ENTRY_VERSION = 1
+ENTRY_HEADER = 24
+_KEY = re.compile(r"[0-9a-f]{16,64}")
+
+
+class StoreError(SpeckvError):
+    """A backend could not do what was asked (I/O error, lost connection, bad key)."""
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise StoreError(f"key: expected 16 to 64 lowercase hex digits, got {key!r}")
+    return key
+
+
+def pack_entry(payload: bytes) -> bytes:
+    """``payload`` framed with its length and checksum (see the module docs)."""
+    digest = hashlib.blake2b(payload, digest_size=8).digest()
+    return ENTRY_MAGIC + struct.pack("<HHQ", ENTRY_VERSION, 0, len(payload)) + digest + payload
+
+
+def unpack_entry(data: bytes) -> bytes:
+    """The payload of a framed entry; ``CorruptStreamError`` (``ChecksumError``) if damaged."""
+    view = memoryview(data)
+    if len(view) < ENTRY_HEADER or bytes(view[:4]) != ENTRY_MAGIC:
+        raise CorruptStreamError("store entry: bad magic or truncated header")
+    version, reserved, length = struct.unpack_from("<HHQ", view, 4)
+    if version != ENTRY_VERSION or reserved != 0:
+        raise CorruptStreamError(f"store entry: version {version} is not supported")
+    if length != len(view) - ENTRY_HEADER:
+        raise CorruptStreamError("store entry: length does not match (truncated or extended)")
+    payload = bytes(view[ENTRY_HEADER:])
+    if hashlib.blake2b(payload, digest_size=8).digest() != bytes(view[16:24]):
+        raise ChecksumError("store entry: checksum does not match")
+    return payload
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The storage interface of ``PrefixStore``: whole entries under hex keys."""
+
+    def get(self, key: str) -> bytes | None:
+        """The entry, or None if absent."""
+        ...
+
+    def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
+        """Stores ``value`` under ``key`` (``parent``: the key it extends). False if the key was
+        already there or the backend declined (full, or ``parent`` is gone); once it returns
+        True a ``get`` in any process sees the whole entry."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def keys(self) -> list[str]: ...
+
+    def nbytes(self) -> int:
+        """Bytes held by entries."""
+        ...
+
+
+class MemoryBackend:
+    """Entries in this process's memory, at most ``max_bytes`` of them (None: no limit).
+
+    Eviction takes the least recently used entry that no other entry extends: a prefix loses
+    its last blocks first and never a block in its middle. A ``put`` whose parent is absent is
+    declined for the same reason. Thread-safe."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        if max_bytes is not None and max_bytes < 0:
+            raise StoreError(f"max_bytes: must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, tuple[bytes, str | None]] = OrderedDict()
+        self._children: dict[str, int] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    def get(self, key: str) -> bytes | None:
+        check_key(key)
+        with self._lock:
+            item = self._entries.get(key)
+            if item is None:
+                return None
+            self._entries.move_to_end(key)
+            return item[0]
+
+    def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
+        check_key(key)
+        if parent is not None:
+            check_key(parent)
+        value = bytes(value)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return False
+            if parent is not None and parent not in self._entries:
+                return False
+            if self.max_bytes is not None and len(value) > self.max_bytes:
+                return False
+            # room first: evict leaves (never the parent being extended)
+            while self.max_bytes is not None and self._bytes + len(value) > self.max_bytes:
+                victim = next((k for k in self._entries if not self._children.get(k) and k != parent), None)
+                if victim is None:
+                    return False
+                self._remove(victim)
+                self.evictions += 1
+            self._entries[key] = (value, parent)
+            self._bytes += len(value)
+            if parent is not None:
+                self._children[parent] = self._children.get(parent, 0) + 1
+                self._entries.move_to_end(parent, last=True)
+                self._entries.move_to_end(key, last=True)
+            return True
+
+    def _remove(self, key: str) -> None:
+        value, parent = self._entries.pop(key)
+        self._bytes -= len(value)
+        self._children.pop(key, None)
+        if parent is not None and parent in self._children:
+            self._children[parent] -= 1
+            if not self._children[parent]:
+                del self._children[parent]
+
+    def delete(self, key: str) -> None:
+        """Removes ``key`` and every entry that extends it (no holes)."""
+        check_key(key)
+        with self._lock:
+            doomed = {key} if key in self._entries else set()
+            changed = True
+            while changed:
+                changed = False
+                for k, (_, parent) in self._entries.items():
+                    if parent in doomed and k not in doomed:
+                        doomed.add(k)
+                        changed = True
+            # leaves first, so that child counts stay right
+            for k in sorted(doomed, key=lambda k: self._depth(k), reverse=True):
+                self._remove(k)
+
+    def _depth(self, key: str) -> int:
+        depth = 0
+        parent = self._entries[key][1]
+        while parent is not None and parent in self._entries:
+            depth += 1
+            parent = self._entries[parent][1]
+        return depth
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
+
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+class DirectoryBackend:
+    """A file per entry under ``path`` (``ab/abcdef....spkb``). Writes go to a temporary file
+    in the same folder, are flushed to disk and renamed over the final name, and the folder is
+    synced: an entry is either whole or absent, whoever reads and whenever a writer dies.
+    Several processes may read and write the same folder."""
+
+    SUFFIX = ".spkb"
+    TMP_PREFIX = ".tmp-"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.path}: {e}") from None
+
+    def _file(self, key: str) -> Path:
+        check_key(key)
+        return self.path / key[:2] / (key + self.SUFFIX)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._file(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"{self._file(key)}: {e}") from None
+
+    def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
+        final = self._file(key)
+        if final.exists():
+            return False
+        try:
+            final.parent.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=self.TMP_PREFIX + key + "-", dir=final.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(value)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except BaseException:
+                with _ignore_missing():
+                    os.unlink(tmp)
+                raise
+            _sync_dir(final.parent)
+        except OSError as e:
+            raise StoreError(f"{final}: {e}") from None
+        return True
+
+    def delete(self, key: str) -> None:
+        with _ignore_missing():
+            self._file(key).unlink()
+
+    def keys(self) -> list[str]:
+        return [p.name[: -len(self.SUFFIX)] for p in self._files()]
+
+    def _files(self) -> Iterator[Path]:
+        for sub in self.path.iterdir() if self.path.exists() else ():
+            if sub.is_dir() and len(sub.name) == 2:
+                for p in sub.iterdir():
+                    if p.name.endswith(self.SUFFIX) and not p.name.startswith(self.TMP_PREFIX):
+                        yield p
+
+    def nbytes(self) -> int:
+        total = 0
+        for p in self._files():
+            with _ignore_missing():
+                total += p.stat().st_size
+        return total
+
+    def cleanup(self, older_than_s: float = 3600.0) -> int:
+        """Removes temporary files older than ``older_than_s`` seconds (left by writers that
+        died); returns how many. Younger ones may belong to a writer still at work."""
+        removed = 0
+        now = time.time()
+        for sub in self.path.iterdir():
+            if not sub.is_dir():
+                continue
+            for p in sub.glob(self.TMP_PREFIX + "*"):
+                with _ignore_missing():
+                    if now - p.stat().st_mtime > older_than_s:
+                        p.unlink()
+                        removed += 1
+        return removed
+
+
+class RedisBackend:
+    """Entries in a Redis server, under ``prefix`` + key. ``url`` as the ``redis`` package
+    reads it (``redis://host:port/db``), or an existing ``client``."""
+
+    def __init__(self, url: str | None = None, *, client: Any = None, prefix: str = "speckv:") -> None:
+        if client is None:
+            try:
+                import redis
+            except ImportError:
+                raise StoreError("RedisBackend needs the redis package: pip install 'speckv-rs[store]'") from None
+            client = redis.Redis.from_url(url or "redis://127.0.0.1:6379/0")
+        self.client = client
+        self.prefix = prefix
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # redis.exceptions.RedisError and socket errors
+            raise StoreError(f"redis: {e}") from None
+
+    def get(self, key: str) -> bytes | None:
+        return self._call(self.client.get, self.prefix + check_key(key))
+
+    def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
+        return bool(self._call(self.client.set, self.prefix + check_key(key), bytes(value), nx=True))
+
+    def delete(self, key: str) -> None:
+        self._call(self.client.delete, self.prefix + check_key(key))
+
+    def keys(self) -> list[str]:
+        names = self._call(lambda: list(self.client.scan_iter(match=self.prefix + "*")))
+        return [n.decode()[len(self.prefix) :] if isinstance(n, bytes) else n[len(self.prefix) :] for n in names]
+
+    def nbytes(self) -> int:
+        return sum(int(self._call(self.client.strlen, self.prefix + k)) for k in self.keys())
+
+
+class _ignore_missing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
+        return kind is not None and issubclass(kind, FileNotFoundError)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a folder so that a rename in it is on disk (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "Backend",
+    "DirectoryBackend",
+    "MemoryBackend",
+    "RedisBackend",
+    "StoreError",
+    "check_key",
+    "pack_entry",
+    "unpack_entry",
+]

@@ -1,0 +1,220 @@
+"""Storage backends: entry framing, memory (eviction without holes), directory (atomic writes,
+killed writers, readers in other processes), and a real Redis server on a loopback port."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import speckv
+from speckv.store import (
+    DirectoryBackend,
+    MemoryBackend,
+    RedisBackend,
+    StoreError,
+    check_key,
+    pack_entry,
+    unpack_entry,
+)
+
+
+def key(i: int) -> str:
+    return hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest()
+
+
+def test_entries_round_trip_and_damage_is_typed():
+    payload = os.urandom(1000)
+    data = pack_entry(payload)
+    assert unpack_entry(data) == payload
+    assert unpack_entry(pack_entry(b"")) == b""
+    flipped = bytearray(data)
+    flipped[500] ^= 4
+    with pytest.raises(speckv.ChecksumError):
+        unpack_entry(bytes(flipped))
+    for bad in (data[:-1], data + b"x", data[:10], b"XXXX" + data[4:], b""):
+        with pytest.raises(speckv.CorruptStreamError):
+            unpack_entry(bad)
+
+
+def test_keys_are_hex_digests_only():
+    assert check_key(key(1)) == key(1)
+    for bad in ("../../etc/passwd", key(1).upper(), "abc", key(1) + "0" * 40, 5):
+        with pytest.raises(StoreError):
+            check_key(bad)
+
+
+def chain(n: int, size: int = 100) -> list[tuple[str, bytes, str | None]]:
+    return [(key(i), bytes([i % 256]) * size, key(i - 1) if i else None) for i in range(n)]
+
+
+def test_memory_backend_basics():
+    b = MemoryBackend()
+    items = chain(4)
+    for k, v, parent in items:
+        assert b.put(k, v, parent)
+    assert not b.put(items[0][0], b"other")  # already there
+    assert b.get(items[2][0]) == items[2][1] and b.get(key(99)) is None
+    assert not b.put(key(50), b"x", parent=key(77))  # a block whose prefix is gone
+    assert b.nbytes() == 400 and len(b.keys()) == 4
+    b.delete(items[1][0])  # and everything that extends it
+    assert b.keys() == [items[0][0]]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6), st.integers(10, 120)), min_size=1, max_size=40),
+    st.integers(0, 600),
+)
+def test_memory_eviction_never_leaves_a_hole(ops, limit):
+    """Random chains put block by block under a byte limit: every stored block's prefix is
+    stored, the limit holds, and an accepted put is readable right after."""
+    b = MemoryBackend(limit)
+    for chain_id, length, size in ops:
+        parent = None
+        for depth in range(length):
+            k = key(chain_id * 1000 + depth)
+            value = bytes([depth]) * size
+            ok = b.put(k, value, parent)
+            if ok:
+                assert b.get(k) == value
+            if b.get(k) is None:
+                break
+            parent = k
+        assert b.nbytes() <= limit
+        stored = set(b.keys())
+        for k in stored:
+            _, parent_of = b._entries[k]
+            assert parent_of is None or parent_of in stored
+
+
+def test_directory_backend_persists_and_lists(tmp_path):
+    b = DirectoryBackend(tmp_path / "store")
+    for k, v, parent in chain(3):
+        assert b.put(k, pack_entry(v), parent)
+    assert not b.put(key(0), b"again")
+    again = DirectoryBackend(tmp_path / "store")  # a restart
+    assert sorted(again.keys()) == sorted(key(i) for i in range(3))
+    assert unpack_entry(again.get(key(1))) == bytes([1]) * 100
+    assert again.get(key(9)) is None
+    assert again.nbytes() == 3 * (100 + 24)
+    again.delete(key(1))
+    again.delete(key(1))  # absent: fine
+    assert again.get(key(1)) is None
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from speckv.store import DirectoryBackend
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)   # dies before the rename
+DirectoryBackend(sys.argv[1]).put(sys.argv[2], b"x" * 100000)
+"""
+
+
+def test_a_killed_writer_leaves_no_entry(tmp_path):
+    path = tmp_path / "store"
+    out = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path), key(5)], capture_output=True)
+    assert out.returncode != 0
+    b = DirectoryBackend(path)
+    assert b.get(key(5)) is None and b.keys() == []
+    assert b.cleanup(older_than_s=3600) == 0  # might be a writer still at work
+    assert b.cleanup(older_than_s=0) == 1
+    assert b.put(key(5), b"whole")
+    assert b.get(key(5)) == b"whole"
+
+
+READER = """
+import sys, time
+from speckv.store import DirectoryBackend, unpack_entry
+b = DirectoryBackend(sys.argv[1])
+keys = sys.argv[2:]
+seen = 0
+deadline = time.time() + 60
+while seen < len(keys) and time.time() < deadline:
+    seen = 0
+    for k in keys:
+        data = b.get(k)
+        if data is not None:
+            assert unpack_entry(data) == bytes([int(k[:2], 16)]) * 200000, k
+            seen += 1
+print(seen)
+"""
+
+
+def test_readers_in_other_processes_see_whole_entries(tmp_path):
+    path = tmp_path / "store"
+    DirectoryBackend(path)
+    keys = [key(i) for i in range(20)]
+    readers = [
+        subprocess.Popen([sys.executable, "-c", READER, str(path), *keys], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    writer = DirectoryBackend(path)
+    for k in keys:
+        writer.put(k, pack_entry(bytes([int(k[:2], 16)]) * 200000))
+    for r in readers:
+        out, _ = r.communicate(timeout=120)
+        assert r.returncode == 0 and out.strip() == "20"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    pytest.importorskip("redis", reason="the redis client package is not installed")
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    port = _free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.skip("redis-server did not start")
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_redis_backend_against_a_real_server(redis_url):
+    b = RedisBackend(redis_url, prefix="t1:")
+    for k, v, parent in chain(3):
+        assert b.put(k, pack_entry(v), parent)
+    assert not b.put(key(0), b"again")  # the first writer wins
+    assert unpack_entry(b.get(key(2))) == bytes([2]) * 100
+    assert b.get(key(7)) is None
+    assert sorted(b.keys()) == sorted(key(i) for i in range(3))
+    assert b.nbytes() == 3 * 124
+    b.delete(key(2))
+    assert b.get(key(2)) is None
+    # another prefix is another store
+    assert RedisBackend(redis_url, prefix="t2:").keys() == []
+
+
+def test_redis_backend_reports_a_dead_server():
+    pytest.importorskip("redis")
+    b = RedisBackend(f"redis://127.0.0.1:{_free_port()}/0")
+    with pytest.raises(StoreError, match="redis"):
+        b.get(key(1))
