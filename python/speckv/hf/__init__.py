@@ -24,7 +24,8 @@ from .codec import SpeculativeCodec
 from .demo import bundled_text, demo_gguf_path, load_demo_model, load_model
 from .layerwise import LayerRun, LayerwisePredictor
 from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor
-from .prefix import ModelPrefixPredictor
+from .prefix import ModelPrefixPredictor, PrefixState
+from .store import PrefixStore
 
 __all__ = [
     "Calibration",
@@ -33,6 +34,8 @@ __all__ = [
     "LayerRun",
     "LayerwisePredictor",
     "ModelPrefixPredictor",
+    "PrefixState",
+    "PrefixStore",
     "Predictor",
     "SpeculativeCodec",
     "build_cache",

@@ -207,15 +207,16 @@ class SpeculativeCodec:
         kv = self._check_cache(cache)
         return self._encode(kv, input_ids, self.prediction(kv, input_ids, dtype), dtype, threads, model)
 
-    def prediction(self, cache: Any, input_ids: torch.Tensor, dtype: str = "bf16") -> KV:
+    def prediction(self, cache: Any, input_ids: torch.Tensor, dtype: str = "bf16", run: Any = None) -> KV:
         """What the predictor predicts for ``cache`` (the model's cache of ``input_ids``) stored
         as ``dtype``, per layer ``(K, V)`` in cache units: exactly the ``mu`` that ``compress``
-        codes against (a layer-wise predictor observes the stored tensors as it goes)."""
+        codes against (a layer-wise predictor observes the stored tensors as it goes; ``run``:
+        a walk already started, e.g. on the next block of a prompt)."""
         if not is_layerwise(self.predictor):
             return self.predictor.predict(input_ids)
         kv = extract_kv(cache)
         out = []
-        run = self.predictor.start(input_ids)
+        run = run if run is not None else self.predictor.start(input_ids)
         independent = int(getattr(run, "independent_layers", 0))
         quiet = contextlib.ExitStack()
         try:
@@ -368,6 +369,7 @@ class SpeculativeCodec:
         threads: int | None,
         prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         pipeline: bool | None = None,
+        run: Any = None,
     ):
         header, payload = self.read_header(data)
         self._check(header, input_ids)
@@ -375,7 +377,7 @@ class SpeculativeCodec:
         if is_layerwise(self.predictor):
             if prediction is not None:
                 raise TypeError("prediction=: a layer-wise predictor runs inside decompress()")
-            return header, self._decode_walk(header, payload, input_ids, layers, threads, pipeline)
+            return header, self._decode_walk(header, payload, input_ids, layers, threads, pipeline, run)
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
         n_layers = header["layers"]
         wanted = list(range(n_layers)) if layers is None else layers
@@ -418,6 +420,7 @@ class SpeculativeCodec:
         layers: list[int] | None,
         threads: int | None,
         pipeline: bool | None,
+        run: Any = None,
     ) -> dict[int, tuple[Any, Any]]:
         """Decodes a layer-wise predictor's stream in the walk's order (see ``layerwise``),
         up to the last layer asked for.
@@ -475,7 +478,7 @@ class SpeculativeCodec:
             shape = mus[which].shape[1:]
             return list(flat.reshape(stop - first, *shape))
 
-        run = self.predictor.start(input_ids)
+        run = run if run is not None else self.predictor.start(input_ids)
         quiet = contextlib.ExitStack()
         try:
             start = 0

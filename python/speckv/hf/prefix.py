@@ -149,12 +149,25 @@ def _observing_cache(config: Any, stop_after: int, sink: Callable[[int, torch.Te
     class ObservingCache(DynamicCache):
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any):
             out = super().update(key_states, value_states, layer_idx, *args, **kw)
-            sink(layer_idx, key_states, value_states)
+            self.sink(layer_idx, key_states, value_states)
             if layer_idx + 1 >= stop_after:
                 raise _Stop
             return out
 
-    return ObservingCache(config=config)
+    cache = ObservingCache(config=config)
+    cache.sink = sink
+    return cache
+
+
+class PrefixState:
+    """What a ``ModelPrefixPredictor`` carries from one token block to the next (the prefix
+    store codes a prompt block by block): the cache its forward pass wrote for the earlier
+    blocks (its own layers only) and their length. A block's predictions then depend on the
+    tokens up to its end alone, and are the same whoever runs the blocks in the same order."""
+
+    def __init__(self) -> None:
+        self.cache: Any = None
+        self.tokens = 0
 
 
 class Rope:
@@ -163,13 +176,13 @@ class Rope:
     model's scaling), ``rope(u)`` applies it. Identity for models without a rotary module
     covering the whole head (partial rotary is left alone)."""
 
-    def __init__(self, model: Any, seq: int, head_dim: int) -> None:
+    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0) -> None:
         inner = getattr(model, "model", model)
         rotary = getattr(inner, "rotary_emb", None)
         self.cos = self.sin = None
         if rotary is None:
             return
-        positions = torch.arange(seq)[None, :]
+        positions = torch.arange(start, start + seq)[None, :]
         with torch.no_grad():
             cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
         if cos.shape[-1] != head_dim:
@@ -283,21 +296,36 @@ class ModelPrefixPredictor:
         return h.hexdigest()
 
     # -- prediction ----------------------------------------------------------------------
-    def prefix(self, input_ids: torch.Tensor, sink: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+    def prefix(
+        self,
+        input_ids: torch.Tensor,
+        sink: Callable[[int, torch.Tensor, torch.Tensor], None],
+        state: PrefixState | None = None,
+    ) -> None:
         """Runs the model's forward pass on ``threads`` threads until layer ``layers - 1`` has
-        written its cache, handing each layer's (K, V) to ``sink`` as it is made."""
-        cache = _observing_cache(self.model.config, self.layers, sink)
+        written its cache, handing each layer's (K, V) to ``sink`` as it is made. With
+        ``state``, ``input_ids`` continues the blocks run before (see ``PrefixState``)."""
+        if state is not None and state.cache is not None:
+            cache = state.cache
+            cache.sink = sink
+        else:
+            cache = _observing_cache(self.model.config, self.layers, sink)
         with torch.no_grad(), fixed_threads(self.threads):
             try:
                 self.model(input_ids=input_ids, cache=cache, use_cache=True)
             except _Stop:
+                if state is not None:
+                    state.cache = cache
+                    state.tokens += int(input_ids.shape[1])
                 return
         raise RuntimeError("the model's forward pass ended before its cache reached the wanted layer")
 
-    def start(self, input_ids: torch.Tensor) -> _PrefixRun:
+    def start(self, input_ids: torch.Tensor, state: PrefixState | None = None) -> _PrefixRun:
+        """A walk over ``input_ids`` (with ``state``: the next block of a prompt; see
+        ``PrefixState``)."""
         if self.layers < self.n_layers and not self.maps:
             raise ValueError("ModelPrefixPredictor: the maps are not fitted: calibrate the codec first")
-        return _PrefixRun(self, input_ids)
+        return _PrefixRun(self, input_ids, state)
 
     def _joint(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K's map and the part of V's map that reads the previous layers, side by side: one
@@ -434,8 +462,10 @@ class _PrefixRun:
     """One prompt's walk for ``ModelPrefixPredictor``: the forward pass of the model's prefix
     on a background thread, the maps on the caller's."""
 
-    def __init__(self, predictor: ModelPrefixPredictor, input_ids: torch.Tensor) -> None:
+    def __init__(self, predictor: ModelPrefixPredictor, input_ids: torch.Tensor, state: PrefixState | None) -> None:
         self.p = predictor
+        self.state = state
+        self.offset = state.tokens if state is not None else 0  # the block's first position
         self.observed: dict[tuple[int, int], torch.Tensor] = {}
         self.made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.error: BaseException | None = None
@@ -456,7 +486,7 @@ class _PrefixRun:
 
     def _forward(self, input_ids: torch.Tensor) -> None:
         try:
-            self.p.prefix(input_ids, self._sink)
+            self.p.prefix(input_ids, self._sink, self.state)
         except BaseException as e:  # handed to the walking thread
             self.error = e
         finally:
@@ -479,7 +509,7 @@ class _PrefixRun:
         if self.rope is None:
             k = self.made[0][0]
             self.shape = tuple(k.shape)
-            self.rope = Rope(self.p.model, k.shape[2], k.shape[3])
+            self.rope = Rope(self.p.model, k.shape[2], k.shape[3], start=self.offset)
         return self.p.map_predict(layer, which, self.observed, self.rope, self.shape, self.scratch)
 
     def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
@@ -498,4 +528,11 @@ class _PrefixRun:
         self.thread.join()
 
 
-__all__ = ["DEFAULT_PREFIX_SHARE", "ModelPrefixPredictor", "Rope", "default_prefix_layers", "layers_for_budget"]
+__all__ = [
+    "DEFAULT_PREFIX_SHARE",
+    "ModelPrefixPredictor",
+    "PrefixState",
+    "Rope",
+    "default_prefix_layers",
+    "layers_for_budget",
+]

@@ -1,0 +1,187 @@
+"""``PrefixStore``: a model's KV caches, compressed and deduplicated by token block, on any
+``speckv.store`` backend (memory, a directory, Redis).
+
+A prompt is cut into blocks of ``block_size`` tokens. Block ``i`` is stored under a key that
+chains the digests of every block up to it (and the codec's identity: model, calibration,
+predictor, storage dtype, block size), as vLLM and LMCache name their blocks, so two prompts
+that share a prefix share its blocks' entries and a key names its whole prefix.
+
+Exactness across prompt lengths needs one more thing: the decoder must rebuild the encoder's
+predictions bit for bit, and a forward pass over 768 tokens need not give the first 512 the
+same last bits as one over 1,024. So the predictor runs block by block, each block attending to
+the predictor's own cache of the blocks before it (``PrefixState``), on both sides: a block's
+predictions then depend only on the tokens up to its end, and ``get`` returns the stored cache's
+first ``n`` tokens bit for bit, whichever prompt stored them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import torch
+
+from .._speckv import CorruptStreamError, PredictionMismatchError
+from ..store import Backend, pack_entry, unpack_entry
+from .cache import build_cache, extract_kv
+from .codec import MODES, SpeculativeCodec, _dequantize
+from .predictors import describe
+from .prefix import ModelPrefixPredictor, PrefixState
+
+DEFAULT_BLOCK_SIZE = 256
+STORE_FORMAT = 1
+
+
+class PrefixStore:
+    """Compressed prefix caches of ``codec``'s model in ``backend``.
+
+    >>> store = PrefixStore(codec, DirectoryBackend("kv-store"))   # doctest: +SKIP
+    >>> store.put(input_ids, cache)        # tokens newly stored      # doctest: +SKIP
+    >>> cache, n = store.get(input_ids)    # the longest stored prefix # doctest: +SKIP
+
+    Only whole blocks are stored; the tokens after the last whole block are not.
+    """
+
+    def __init__(
+        self,
+        codec: SpeculativeCodec,
+        backend: Backend,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        dtype: str = "bf16",
+        threads: int | None = None,
+    ) -> None:
+        if not isinstance(codec.predictor, ModelPrefixPredictor):
+            raise TypeError(
+                "PrefixStore: the codec's predictor must run block by block (ModelPrefixPredictor); "
+                f"got {type(codec.predictor).__name__}"
+            )
+        if dtype not in MODES:
+            raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
+        if block_size < 1:
+            raise ValueError(f"block_size: must be at least 1, got {block_size}")
+        self.codec = codec
+        self.backend = backend
+        self.block_size = int(block_size)
+        self.dtype = dtype
+        self.threads = threads
+        identity = {
+            "format": STORE_FORMAT,
+            "model": codec.fingerprint,
+            "calibration": codec._calibration().digest(),
+            "predictor": describe(codec.predictor),
+            "dtype": dtype,
+            "block_size": self.block_size,
+        }
+        self.namespace = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=16).digest()
+        self._stats = {"hits": 0, "misses": 0, "tokens_put": 0, "tokens_deduplicated": 0, "corrupt_entries": 0}
+
+    # -- keys --------------------------------------------------------------------------
+    def keys(self, input_ids: torch.Tensor) -> list[str]:
+        """The chain of keys of ``input_ids``'s whole blocks."""
+        ids = _ids(input_ids)
+        out = []
+        previous = self.namespace
+        for b in range(ids.shape[1] // self.block_size):
+            block = ids[0, b * self.block_size : (b + 1) * self.block_size].numpy().tobytes()
+            previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+            out.append(previous.hex())
+        return out
+
+    def match(self, input_ids: torch.Tensor) -> int:
+        """Tokens of the longest stored block-aligned prefix of ``input_ids`` (nothing decoded)."""
+        n = 0
+        for key in self.keys(input_ids):
+            if self.backend.get(key) is None:
+                break
+            n += self.block_size
+        return n
+
+    # -- writing -----------------------------------------------------------------------
+    def put(self, input_ids: torch.Tensor, cache: Any) -> int:
+        """Stores the blocks of ``cache`` (the model's cache of ``input_ids``) that are not
+        stored yet; returns how many tokens that was."""
+        ids = _ids(input_ids)
+        kv = extract_kv(cache)
+        seq = kv[0][0].shape[2]
+        if seq < ids.shape[1] - ids.shape[1] % self.block_size:
+            raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
+        predictor = self.codec.predictor
+        state = PrefixState()
+        parent = None
+        new = 0
+        for b, key in enumerate(self.keys(ids)):
+            start, end = b * self.block_size, (b + 1) * self.block_size
+            block_ids = ids[:, start:end]
+            if self.backend.get(key) is not None:
+                # stored already: the predictor still walks it, to carry its state on
+                predictor.prefix(block_ids, _ignore, state)
+                self._stats["tokens_deduplicated"] += self.block_size
+                parent = key
+                continue
+            block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
+            pred = self.codec.prediction(block, block_ids, self.dtype, run=predictor.start(block_ids, state))
+            data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact")
+            if self.backend.put(key, pack_entry(data), parent):
+                new += self.block_size
+            parent = key
+        self._stats["tokens_put"] += new
+        return new
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, input_ids: torch.Tensor, *, dequantize: bool = True) -> tuple[Any, int]:
+        """``(cache, n)``: the stored cache of the longest stored prefix of ``input_ids``, its
+        first ``n`` tokens bit for bit, as a ``DynamicCache`` (``None, 0`` if no block is
+        stored). A damaged or foreign entry ends the prefix there (counted in ``stats``); the
+        blocks before it are still served."""
+        ids = _ids(input_ids)
+        predictor = self.codec.predictor
+        state = PrefixState()
+        blocks: list[dict[int, tuple[Any, Any]]] = []
+        for b, key in enumerate(self.keys(ids)):
+            end = (b + 1) * self.block_size
+            raw = self.backend.get(key)
+            if raw is None:
+                self._stats["misses"] += 1
+                break
+            block_ids = ids[:, end - self.block_size : end]
+            try:
+                data = unpack_entry(raw)
+                header, _ = self.codec.read_header(data)
+                self.codec._check(header, ids[:, :end])
+                run = predictor.start(block_ids, state)
+                _, layers = self.codec._decode(data, ids[:, :end], None, self.threads, None, None, run)
+            except (CorruptStreamError, PredictionMismatchError):
+                self._stats["corrupt_entries"] += 1
+                break
+            self._stats["hits"] += 1
+            blocks.append(layers)
+        if not blocks:
+            return None, 0
+        n_layers = len(blocks[0])
+        kv = [tuple(torch.cat([blk[layer][w] for blk in blocks], dim=2) for w in (0, 1)) for layer in range(n_layers)]
+        if self.dtype == "fp8" and dequantize:
+            scales = self.codec._calibration().fp8_scales
+            kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
+        return build_cache(kv), len(blocks) * self.block_size
+
+    def stats(self) -> dict[str, int]:
+        """Blocks and bytes held, and this store object's hits, misses, tokens stored,
+        tokens found already stored (deduplicated) and damaged entries met."""
+        keys = self.backend.keys()
+        return {"blocks": len(keys), "bytes": self.backend.nbytes(), **self._stats}
+
+
+def _ids(input_ids: torch.Tensor) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids).detach().cpu().to(torch.int64)
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise ValueError(f"input_ids: expected shape [1, tokens], got {tuple(ids.shape)}")
+    return ids.contiguous()
+
+
+def _ignore(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    pass
+
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "PrefixStore"]

@@ -1,0 +1,97 @@
+"""PrefixStore on tiny random models: block-wise exactness, dedup, damaged entries, and every
+backend."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_hf import ids, tiny_model  # noqa: E402
+
+from speckv.hf import ModelPrefixPredictor, PrefixStore, SpeculativeCodec, extract_kv  # noqa: E402
+from speckv.hf.cache import other_kernels, prefill  # noqa: E402
+from speckv.hf.calibration import fp8_quantize  # noqa: E402
+from speckv.store import DirectoryBackend, MemoryBackend  # noqa: E402
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def codec():
+    model = tiny_model("llama")
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=2))
+    codec.calibrate([ids(48, s) for s in range(6)])
+    return codec
+
+
+def stored(codec, dtype, layer, which, t):
+    if dtype == "fp8":
+        return fp8_quantize(t, float(codec.calibration.fp8_scales[layer, which])).view(torch.uint8)
+    return t.to(torch.bfloat16).view(torch.int16)
+
+
+def shared_prompts():
+    a = ids(64, 1)
+    b = torch.cat([a[:, :32], ids(40, 2)], dim=1)  # shares a's first two blocks
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_prefixes_restore_exactly_and_share_blocks(codec, dtype, tmp_path):
+    model = codec.model
+    store = PrefixStore(codec, DirectoryBackend(tmp_path / "s"), block_size=BLOCK, dtype=dtype)
+    a, b = shared_prompts()
+    cache_a, cache_b = other_kernels(model, a), prefill(model, b)
+    assert store.match(a) == 0 and store.get(a) == (None, 0)
+    assert store.put(a, cache_a) == 64
+    assert store.put(a, cache_a) == 0  # all there
+    assert store.put(b, cache_b) == 32  # blocks 2 and 3 of b; its last 8 tokens are no block
+    assert store.match(b) == 64 and store.match(b[:, :40]) == 32
+    stats = store.stats()
+    assert stats["blocks"] == 6 and stats["tokens_deduplicated"] == 64 + 32
+    raw = sum(t.numel() * 2 for pair in cache_a for t in pair)
+    assert stats["bytes"] < raw  # six blocks stored in less than a's four raw
+    # what comes back is the stored caches' tokens: a's for the shared blocks, then b's
+    for prompt, n, sources in ((a, 64, [(cache_a, 0, 64)]), (b, 64, [(cache_a, 0, 32), (cache_b, 32, 64)])):
+        cache, got = store.get(prompt, dequantize=False)
+        assert got == n
+        back = extract_kv(cache)
+        for layer in range(len(back)):
+            for w in (0, 1):
+                want = torch.cat([src[layer][w][:, :, s:e] for src, s, e in sources], dim=2)
+                ref = stored(codec, dtype, layer, w, want)
+                assert torch.equal(back[layer][w].view(ref.dtype), ref)
+    # a shorter prompt reads the prefix only
+    cache, got = store.get(a[:, :20])
+    assert got == 16 and extract_kv(cache)[0][0].shape[2] == 16
+
+
+def test_a_damaged_entry_ends_the_prefix_and_the_rest_is_served(codec, tmp_path):
+    backend = DirectoryBackend(tmp_path / "s")
+    store = PrefixStore(codec, backend, block_size=BLOCK)
+    a, _ = shared_prompts()
+    store.put(a, prefill(codec.model, a))
+    third = store.keys(a)[2]
+    path = backend._file(third)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    cache, n = store.get(a)
+    assert n == 32 and store.stats()["corrupt_entries"] == 1
+    assert extract_kv(cache)[1][1].shape[2] == 32
+
+
+def test_memory_backend_and_other_codecs_are_other_stores(codec):
+    store = PrefixStore(codec, MemoryBackend(), block_size=BLOCK)
+    a, _ = shared_prompts()
+    store.put(a, prefill(codec.model, a))
+    assert store.match(a) == 64
+    # the same backend seen with another storage dtype or block size holds nothing for it
+    assert PrefixStore(codec, store.backend, block_size=BLOCK, dtype="fp8").match(a) == 0
+    assert PrefixStore(codec, store.backend, block_size=32).match(a) == 0
+    with pytest.raises(TypeError, match="block by block"):
+        from speckv.hf import Fp8Predictor
+
+        PrefixStore(SpeculativeCodec(codec.model, None, Fp8Predictor(codec.model)), MemoryBackend())
