@@ -37,3 +37,16 @@ def test_info_of_a_stream(tmp_path):
 
 def test_usage_error_exits_nonzero():
     assert run("nonsense").returncode != 0
+
+
+def test_store_stats_without_a_model(tmp_path):
+    folder = tmp_path / "kv"
+    out = run("store", "stats", str(folder))
+    assert out.returncode != 0 and "not a speckv store" in out.stderr
+    folder.mkdir()
+    (folder / "speckv-store.json").write_text(json.dumps({"block_size": 256, "dtype": "bf16"}))
+    out = run("store", "stats", str(folder), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["blocks"] == 0
+    out = run("store", "get", str(folder), "--dtype", "fp8")
+    assert out.returncode != 0 and "holds dtype" in out.stderr

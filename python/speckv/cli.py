@@ -392,6 +392,84 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(f"{'no mu':8s} {res['predictor_free_bits_per_scalar']:11.4f}")
 
 
+STORE_SETTINGS = "speckv-store.json"
+
+
+def _store_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """A directory store's block size and dtype: fixed by its first ``put`` (kept in
+    speckv-store.json), so that later commands read what was written."""
+    path = Path(args.folder) / STORE_SETTINGS
+    if path.exists():
+        settings = json.loads(path.read_text())
+        for name in ("block_size", "dtype"):
+            given = getattr(args, name, None)
+            if given is not None and given != settings[name]:
+                sys.exit(f"speckv store: {args.folder} holds {name} {settings[name]!r}, not {given!r}")
+        return settings
+    if args.action != "put":
+        sys.exit(f"speckv store: {args.folder} is not a speckv store (no {STORE_SETTINGS}): put something first")
+    from .hf.store import DEFAULT_BLOCK_SIZE
+
+    settings = {"block_size": args.block_size or DEFAULT_BLOCK_SIZE, "dtype": args.dtype or "bf16"}
+    Path(args.folder).mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings))
+    return settings
+
+
+def cmd_store(args: argparse.Namespace) -> None:
+    from .store import DirectoryBackend
+
+    settings = _store_settings(args)
+    backend = DirectoryBackend(args.folder)
+    if args.action == "stats":
+        out = {"folder": args.folder, **settings, "blocks": len(backend.keys()), "bytes": backend.nbytes()}
+        print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+        return
+    _need_hf()
+    from .hf import PrefixStore, bundled_text, load_demo_model, load_model
+    from .hf.cache import prefill
+    from .hf.demo import prompts
+
+    model, tokenizer = load_model(args.model) if args.model else load_demo_model()
+    # the calibration of `speckv demo` (512-token prompts), whatever the prompts stored here
+    cal_args = argparse.Namespace(
+        calibration=args.calibration,
+        calibration_text=args.calibration_text,
+        samples=args.samples,
+        seq_len=512,
+        block_size=None,
+        predictor=None,
+        recalibrate=args.recalibrate,
+        json=args.json,
+    )
+    codec, _, _ = _calibrated_codec(cal_args, model, tokenizer, Path(args.model).name if args.model else "demo model")
+    store = PrefixStore(codec, backend, block_size=settings["block_size"], dtype=settings["dtype"])
+    text = Path(args.text).read_text() if args.text else bundled_text("evaluation")
+    batch = prompts(tokenizer, text, args.seq_len, args.prompts)
+    iterator: Any = batch
+    if not args.json:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batch, desc=args.action, unit="prompt")
+    rows = []
+    for ids in iterator:
+        t = time.perf_counter()
+        if args.action == "put":
+            n = store.put(ids, prefill(model, ids))
+        else:
+            _, n = store.get(ids)
+        rows.append({"tokens": n, "seconds": time.perf_counter() - t})
+    out = {"action": args.action, "prompts": len(rows), **store.stats()}
+    out["tokens"] = sum(r["tokens"] for r in rows)
+    out["seconds"] = sum(r["seconds"] for r in rows)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        verb = "stored" if args.action == "put" else "restored"
+        print(f"{verb} {out['tokens']} tokens of {len(rows)} prompts in {out['seconds']:.2f} s")
+        print(f"store: {out['blocks']} blocks, {out['bytes']:,} bytes in {args.folder}")
+
+
 def cmd_info(args: argparse.Namespace) -> None:
     from . import info
 
@@ -468,6 +546,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scalars", type=int, default=1 << 22)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("store", help="put caches of a text's prompts into a directory store, get them, stats")
+    p.add_argument("action", choices=("put", "get", "stats"))
+    p.add_argument("folder", help="the store's folder")
+    p.add_argument("--model", help="a local GGUF file or transformers folder (default: the demo model)")
+    p.add_argument("--text", help="text whose prompts to store or restore (default: the bundled held-out text)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts cut from the text (default 4)")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per prompt (default 512)")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per block (first put; default 256)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default=None, help="storage dtype (first put)")
+    p.add_argument("--calibration", help="a calibration file (default: the cached one of `speckv demo`)")
+    p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--recalibrate", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_store)
 
     p = sub.add_parser("info", help="describe a speckv stream or cache container file")
     p.add_argument("file")
