@@ -95,3 +95,22 @@ def test_memory_backend_and_other_codecs_are_other_stores(codec):
         from speckv.hf import Fp8Predictor
 
         PrefixStore(SpeculativeCodec(codec.model, None, Fp8Predictor(codec.model)), MemoryBackend())
+
+
+def test_generate_from_a_restored_prefix_equals_generate_from_the_cache(codec):
+    model = codec.model
+    store = PrefixStore(codec, MemoryBackend(), block_size=BLOCK)
+    a, _ = shared_prompts()
+    cache = prefill(model, a)
+    store.put(a[:, :48], [(k[:, :, :48], v[:, :, :48]) for k, v in cache])
+    prompt = a[:, :56]  # three stored blocks, then 8 tokens for the model
+    from speckv.hf import build_cache
+    from speckv.hf.store import _cache_argument
+
+    cut = build_cache([(k[:, :, :48].clone(), v[:, :, :48].clone()) for k, v in cache])
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=10, **{_cache_argument(model): cut})
+    got = store.generate(prompt, do_sample=False, max_new_tokens=10)
+    assert torch.equal(got, reference)
+    assert store.stats()["hits"] == 3
+    # 56 + 10 tokens, the cache holds 65: the fourth block was stored on the way
+    assert store.match(got) == 48 + BLOCK

@@ -166,6 +166,28 @@ class PrefixStore:
             kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
         return build_cache(kv), len(blocks) * self.block_size
 
+    def generate(self, input_ids: torch.Tensor, *, store: bool = True, **generate_kwargs: Any) -> torch.Tensor:
+        """``model.generate`` that starts from the longest stored prefix: restores it, lets the
+        model prefill only the rest of ``input_ids``, generates, and (``store=True``) stores the
+        blocks of the prompt and the generated text that are new. Returns the token ids, as
+        ``generate`` does. In fp8 mode the model continues from the dequantised cache."""
+        ids = _ids(input_ids)
+        model = self.codec.model
+        cache, n = self.get(ids)
+        if cache is not None and n >= ids.shape[1]:
+            cache.crop(-1)  # generate needs at least one token to run the model on
+        kwargs = dict(generate_kwargs)
+        kwargs["return_dict_in_generate"] = True
+        if cache is not None:
+            kwargs[_cache_argument(model)] = cache
+        out = model.generate(ids, **kwargs)
+        sequences = out.sequences
+        made = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if store and made is not None:
+            # the cache holds every token but the last one generated
+            self.put(sequences[:, :-1], made)
+        return sequences
+
     def stats(self) -> dict[str, int]:
         """Blocks and bytes held, and this store object's hits, misses, tokens stored,
         tokens found already stored (deduplicated) and damaged entries met."""
@@ -178,6 +200,14 @@ def _ids(input_ids: torch.Tensor) -> torch.Tensor:
     if ids.ndim != 2 or ids.shape[0] != 1:
         raise ValueError(f"input_ids: expected shape [1, tokens], got {tuple(ids.shape)}")
     return ids.contiguous()
+
+
+def _cache_argument(model: Any) -> str:
+    """``generate``'s name for a starting cache: ``cache`` (transformers 5) or
+    ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _ignore(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
