@@ -104,8 +104,8 @@ def test_another_prediction_is_refused(prefix_codec):
 
     # the same settings but other predictions (as another torch build might make): refused by
     # the fingerprint of the coding parameters, before any wrong value comes out
-    def shifted_prefix(input_ids, sink):
-        return ModelPrefixPredictor.prefix(predictor, input_ids, lambda layer, k, v: sink(layer, k + 1e-2, v))
+    def shifted_prefix(input_ids, sink, state=None):
+        return ModelPrefixPredictor.prefix(predictor, input_ids, lambda layer, k, v: sink(layer, k + 1e-2, v), state)
 
     predictor.prefix = shifted_prefix
     try:
