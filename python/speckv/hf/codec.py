@@ -164,16 +164,20 @@ class SpeculativeCodec:
         return self.calibration
 
     # -- coding -------------------------------------------------------------------------
+    def _stored(self, mode: str, layer: int, kv: int, true: torch.Tensor) -> torch.Tensor:
+        """One layer's K or V as `mode` stores it."""
+        if mode == "fp8":
+            return fp8_quantize(true, float(self._calibration().fp8_scales[layer, kv]))
+        return true.to(MODES[mode])
+
     def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
         """(stored tensor or None, mu, sigma) of one layer's K or V in `mode`."""
         cal = self._calibration()
+        x = self._stored(mode, layer, kv, true) if true is not None else None
         if mode == "fp8":
-            scale = float(cal.fp8_scales[layer, kv])
-            x = fp8_quantize(true, scale) if true is not None else None
-            mu = pred.float() / scale
+            mu = pred.float() / float(cal.fp8_scales[layer, kv])
             sigma, rel = cal.sigma_fp8[layer, kv], cal.sigma_rel_fp8
         else:
-            x = true.to(MODES[mode]) if true is not None else None
             mu = pred.float()
             sigma, rel = cal.sigma[layer, kv], cal.sigma_rel
         sigma = sigma.clamp(min=SIGMA_FLOOR)[None, :, None, :]
@@ -225,10 +229,8 @@ class SpeculativeCodec:
                     quiet.enter_context(_quiet_torch(run))
                 got = []
                 for which, t in enumerate(pair):
-                    p = run.predict(layer, which)
-                    got.append(p)
-                    x = self._targets(dtype, layer, which, t, p)[0]
-                    run.observe(layer, which, self._observed(dtype, layer, which, x))
+                    got.append(run.predict(layer, which))
+                    run.observe(layer, which, self._observed(dtype, layer, which, self._stored(dtype, layer, which, t)))
                 out.append((got[0], got[1]))
         finally:
             quiet.close()
