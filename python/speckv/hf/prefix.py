@@ -8,8 +8,8 @@ has at hand when it gets there (see ``layerwise``). So this predictor:
 - runs the model itself, unchanged, on the prompt for its first ``layers`` layers (the forward
   pass stops right after layer ``layers - 1`` has written its K and V), on a fixed number of
   torch threads recorded in the stream. Under the same kernels as the cache's producer these
-  layers are predicted exactly; under others (another thread count, another machine) to the
-  last bit or two.
+  layers are predicted exactly; under others (other attention kernels, another machine or
+  engine) to within a few ulps, growing with depth.
 - predicts every later layer with ridge-regression maps from the decoded previous two layers
   (K un-RoPEd first, so that position does not scramble the channels, and the predicted K
   RoPEd again); V's map also sees the decoded K of its own layer. Calibration fits the maps
@@ -20,9 +20,10 @@ has at hand when it gets there (see ``layerwise``). So this predictor:
 exactly as the model does), everything above comes from maps. ``layers=n_layers`` runs the
 whole model: predictions are then exact under the producer's kernels.
 
-The forward pass runs on a background thread so that the decoder codes layer ``l`` while the
-model computes layer ``l + 1``; maps run on the calling thread after the forward pass has
-finished (torch's thread count is never changed while another thread computes).
+The forward pass runs on a background thread, so that a decoder may code layer ``l`` while the
+model computes layer ``l + 1`` (``decompress(pipeline=True)``); maps run on the calling thread
+after the forward pass has finished (torch's thread count is process-wide: it is never changed
+while another thread computes). ``PrefixState`` runs a prompt block by block (the prefix store).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ import torch
 from .cache import KV
 from .predictors import _decoder_layers, fixed_threads
 
-# Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
-# the one with the smallest out-of-fold error wins.
 # The default prefix: this share of the model's layers (20 of the demo model's 30), chosen by
 # measurement (README, "Restore cost"): the fewest bits with a restore below the prefill.
 DEFAULT_PREFIX_SHARE = 2 / 3
@@ -49,6 +48,8 @@ DEFAULT_THREADS = 2
 # workers do not linger spinning on the cores the decoder needs next (see codec._quiet_torch).
 MAP_THREADS = 1
 MAP_DTYPE = torch.bfloat16
+# Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
+# the one with the smallest out-of-fold error wins.
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 FOLDS = 4
 HISTORY = 2
