@@ -81,6 +81,9 @@ def test_a_damaged_entry_ends_the_prefix_and_the_rest_is_served(codec, tmp_path)
     cache, n = store.get(a)
     assert n == 32 and store.stats()["corrupt_entries"] == 1
     assert extract_kv(cache)[1][1].shape[2] == 32
+    # putting the prompt again replaces the damaged block
+    assert store.put(a, prefill(codec.model, a)) == 16
+    assert store.get(a)[1] == 64
 
 
 def test_memory_backend_and_other_codecs_are_other_stores(codec):

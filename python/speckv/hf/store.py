@@ -114,7 +114,7 @@ class PrefixStore:
         for b, key in enumerate(self.keys(ids)):
             start, end = b * self.block_size, (b + 1) * self.block_size
             block_ids = ids[:, start:end]
-            if self.backend.get(key) is not None:
+            if self._intact(key):
                 # stored already: the predictor still walks it, to carry its state on
                 predictor.prefix(block_ids, _ignore, state)
                 self._stats["tokens_deduplicated"] += self.block_size
@@ -128,6 +128,20 @@ class PrefixStore:
             parent = key
         self._stats["tokens_put"] += new
         return new
+
+    def _intact(self, key: str) -> bool:
+        """Whether ``key`` holds an undamaged entry; a damaged one is deleted (it is then
+        stored again, and so are the blocks after it)."""
+        raw = self.backend.get(key)
+        if raw is None:
+            return False
+        try:
+            unpack_entry(raw)
+        except CorruptStreamError:
+            self._stats["corrupt_entries"] += 1
+            self.backend.delete(key)
+            return False
+        return True
 
     # -- reading -----------------------------------------------------------------------
     def get(self, input_ids: torch.Tensor, *, dequantize: bool = True) -> tuple[Any, int]:
