@@ -52,11 +52,19 @@ def attention(model: Any, implementation: str) -> Iterator[None]:
     """Runs ``model`` with another attention implementation (``"eager"``, ``"sdpa"``), then
     puts the previous one back."""
     previous = model.config._attn_implementation
-    model.set_attn_implementation(implementation)
+    _set_attention(model, implementation)
     try:
         yield
     finally:
-        model.set_attn_implementation(previous)
+        _set_attention(model, previous)
+
+
+def _set_attention(model: Any, implementation: str) -> None:
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        setter(implementation)
+    else:  # older transformers read the config at every forward pass
+        model.config._attn_implementation = implementation
 
 
 def other_kernels(model: Any, input_ids: torch.Tensor) -> KV:
