@@ -204,3 +204,27 @@ def test_layers_for_budget_chooses_within_the_model():
     assert 1 <= m <= 3 and len(costs) == 3 and all(c > 0 for c in costs)
     assert layers_for_budget(model, prompt, 0.0, repeat=1)[0] == 1
     assert layers_for_budget(model, prompt, 1e9, repeat=1)[0] == 3
+
+
+def test_relative_sigma_codes_equal_the_torch_form():
+    """The decoder's one-pass codes of sqrt(s^2 + (r mu)^2) are the codes of the encoder's
+    torch tensor, scalar for scalar, across magnitudes (tiny, huge, zero, subnormal mu)."""
+    from speckv import _speckv
+
+    g = torch.Generator().manual_seed(5)
+    heads, tokens, dim = 3, 50, 8
+    mu = torch.randn(2, heads, tokens, dim, generator=g) * torch.logspace(-30, 15, dim)
+    mu[0, 0, 0] = 0.0
+    mu[0, 0, 1] = 1e-40
+    s = torch.rand(heads, dim, generator=g) * torch.logspace(-6, 1, dim) + 1e-6
+    r = torch.rand(heads, dim, generator=g) * 0.1
+    r[0, 0] = 0.0
+    sigma = torch.sqrt(s[None, :, None, :] * s[None, :, None, :] + (r[None, :, None, :] * mu) ** 2)
+    finite = torch.isfinite(sigma).all() and bool((sigma > 0).all())
+    assert finite
+    want = speckv.sigma_codes(sigma.numpy())
+    flat_mu, flat_s, flat_r = (a.numpy().reshape(-1) for a in (mu, s, r))
+    got = _speckv.relative_sigma_codes(flat_mu, flat_s, flat_r, heads, tokens, dim)
+    assert (got.reshape(want.shape) == want).all()
+    with pytest.raises(speckv.SpeckvError):
+        _speckv.relative_sigma_codes(flat_mu, flat_s[:5], flat_r, heads, tokens, dim)

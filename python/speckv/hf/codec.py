@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _api
+from .. import _api, _speckv
 from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
@@ -67,15 +67,15 @@ def _layout(jobs: list[tuple[Any, Any, Any]]) -> str:
 
 
 def _stack(targets: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
-    """Per-layer (x, mu, sigma) stacked along a new leading layer dimension (sigma per scalar
-    where any layer's is)."""
+    """Per-layer (x, mu, sigma codes) stacked along a new leading layer dimension (codes per
+    scalar where any layer's are)."""
     xs = [t[0] for t in targets]
     x = torch.stack(xs) if xs[0] is not None else None
     mu = torch.stack([t[1] for t in targets])
-    sigmas = [t[2] for t in targets]
-    if any(s.shape != sigmas[0].shape for s in sigmas):
-        sigmas = [s.expand(t[1].shape) for s, t in zip(sigmas, targets)]
-    return x, mu, torch.stack(sigmas)
+    codes = [t[2] for t in targets]
+    if any(c.shape != codes[0].shape for c in codes):
+        codes = [np.broadcast_to(c, tuple(t[1].shape)) for c, t in zip(codes, targets)]
+    return x, mu, np.stack(codes)
 
 
 def _parallel(fn: Any, jobs: list[Any], threads: int | None) -> list[Any]:
@@ -170,22 +170,49 @@ class SpeculativeCodec:
             return fp8_quantize(true, float(self._calibration().fp8_scales[layer, kv]))
         return true.to(MODES[mode])
 
-    def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
-        """(stored tensor or None, mu, sigma) of one layer's K or V in `mode`."""
-        cal = self._calibration()
-        x = self._stored(mode, layer, kv, true) if true is not None else None
+    def _mu(self, mode: str, layer: int, kv: int, pred: torch.Tensor) -> torch.Tensor:
+        """The prediction in the stored dtype's units, float32."""
         if mode == "fp8":
-            mu = pred.float() / float(cal.fp8_scales[layer, kv])
-            sigma, rel = cal.sigma_fp8[layer, kv], cal.sigma_rel_fp8
-        else:
-            mu = pred.float()
-            sigma, rel = cal.sigma[layer, kv], cal.sigma_rel
-        sigma = sigma.clamp(min=SIGMA_FLOOR)[None, :, None, :]
-        if rel is not None and bool(rel[layer, kv].any()):
-            # per scalar: float32 elementwise operations, the same bits on every machine
-            r = rel[layer, kv].float()[None, :, None, :]
-            sigma = torch.sqrt(sigma * sigma + (r * mu) ** 2)
+            return pred.float() / float(self._calibration().fp8_scales[layer, kv])
+        return pred.float()
+
+    def _sigma_parts(self, mode: str, layer: int, kv: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-channel ``[heads, dim]`` sigma (floored) and relative sigma (None if none)."""
+        cal = self._calibration()
+        sigma, rel = (cal.sigma_fp8, cal.sigma_rel_fp8) if mode == "fp8" else (cal.sigma, cal.sigma_rel)
+        r = rel[layer, kv].float() if rel is not None and bool(rel[layer, kv].any()) else None
+        return sigma[layer, kv].clamp(min=SIGMA_FLOOR), r
+
+    def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
+        """(stored tensor or None, mu, sigma as floats) of one layer's K or V in `mode`, for
+        measuring (ideal code lengths). What is coded uses ``_coding``'s integer codes: torch's
+        vectorised float32 sqrt is not always correctly rounded, so floats computed here could
+        differ by an ulp from machine to machine."""
+        x = self._stored(mode, layer, kv, true) if true is not None else None
+        mu = self._mu(mode, layer, kv, pred)
+        s, r = self._sigma_parts(mode, layer, kv)
+        sigma = s[None, :, None, :]
+        if r is not None:
+            sigma = torch.sqrt(sigma * sigma + (r[None, :, None, :] * mu) ** 2)
         return x, mu, sigma
+
+    def _coding(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
+        """(stored tensor or None, mu, sigma codes) of one layer's K or V in `mode`: exactly
+        what encoder and decoder code with, on any machine."""
+        x = self._stored(mode, layer, kv, true) if true is not None else None
+        mu = self._mu(mode, layer, kv, pred)
+        return x, mu, self._sigma_codes(mode, layer, kv, mu)
+
+    def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor) -> np.ndarray:
+        """Sigma codes: per channel (``[1, heads, 1, dim]``, to broadcast), or per scalar for a
+        relative sigma, ``sqrt(s^2 + (r mu)^2)`` computed in Rust with correctly rounded float32
+        steps (the same codes on every machine)."""
+        s, r = self._sigma_parts(mode, layer, kv)
+        if r is None:
+            return _api.sigma_codes(s[None, :, None, :])
+        _, h, t, d = mu.shape
+        flat = [np.ascontiguousarray(a.numpy()).reshape(-1) for a in (mu, s, r)]
+        return _speckv.relative_sigma_codes(*flat, h, t, d).reshape(mu.shape)
 
     def _observed(self, mode: str, layer: int, which: int, stored: torch.Tensor) -> torch.Tensor:
         """What a layer-wise predictor observes of a stored tensor: its values in cache units
@@ -269,7 +296,7 @@ class SpeculativeCodec:
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
-                jobs.append(self._targets(dtype, layer, which, t, p))
+                jobs.append(self._coding(dtype, layer, which, t, p))
         layout = _layout(jobs)
         per_chunk = per_layer = 1
         if layout == "stacked":
@@ -282,9 +309,12 @@ class SpeculativeCodec:
             if layerwise:
                 # a layer decoded on its own (after the maps) is still split over two cores
                 per_layer = CHUNKS_PER_LAYER if all(j[0].numel() % CHUNKS_PER_LAYER == 0 for j in jobs[:2]) else 1
+            stacks = [_stack(jobs[which::2]) for which in (0, 1)]
             streams = [
                 _api.encode(
-                    *_stack(jobs[which::2]),
+                    stacks[which][0],
+                    stacks[which][1],
+                    sigma_codes=stacks[which][2],
                     threads=threads,
                     chunk_size=per_chunk * jobs[which][0].numel() // per_layer,
                     model=model,
@@ -292,7 +322,9 @@ class SpeculativeCodec:
                 for which in (0, 1)
             ]
         else:
-            streams = _parallel(lambda job: _api.encode(*job, threads=1, model=model), jobs, threads)
+            streams = _parallel(
+                lambda job: _api.encode(job[0], job[1], sigma_codes=job[2], threads=1, model=model), jobs, threads
+            )
         header = {
             "mode": dtype,
             "layout": layout,
@@ -390,18 +422,18 @@ class SpeculativeCodec:
             decoded = {}
             for which in (0, 1):
                 o, n = header["streams"][which]
-                targets = [self._targets(mode, layer, which, None, pred[layer][which]) for layer in range(n_layers)]
-                _, mu, sigma = _stack(targets)
+                targets = [self._coding(mode, layer, which, None, pred[layer][which]) for layer in range(n_layers)]
+                _, mu, codes = _stack(targets)
                 stream = payload[o : o + n]
                 if layers is None:
-                    decoded[which] = _api.decode(stream, mu, sigma, threads=threads)
+                    decoded[which] = _api.decode(stream, mu, sigma_codes=codes, threads=threads)
                 else:
                     # read only the chunk that holds each layer asked for
                     per_chunk = int(header.get("layers_per_chunk", 1))
                     decoded[which] = {}
                     for layer in wanted:
                         c = layer // per_chunk
-                        run = _api.decode(stream, mu, sigma, threads=threads, chunks=(c, c + 1))
+                        run = _api.decode(stream, mu, sigma_codes=codes, threads=threads, chunks=(c, c + 1))
                         layers_in_run = run.reshape(-1, *mu.shape[1:])
                         decoded[which][layer] = layers_in_run[layer - c * per_chunk]
             return header, {layer: (decoded[0][layer], decoded[1][layer]) for layer in wanted}
@@ -409,9 +441,9 @@ class SpeculativeCodec:
         for layer in wanted:
             for which in (0, 1):
                 o, n = header["streams"][2 * layer + which]
-                _, mu, sigma = self._targets(mode, layer, which, None, pred[layer][which])
-                jobs.append((payload[o : o + n], mu, sigma))
-        out = _parallel(lambda job: _api.decode(*job, threads=1), jobs, threads)
+                _, mu, codes = self._coding(mode, layer, which, None, pred[layer][which])
+                jobs.append((payload[o : o + n], mu, codes))
+        out = _parallel(lambda job: _api.decode(job[0], job[1], sigma_codes=job[2], threads=1), jobs, threads)
         return header, {layer: (out[2 * i], out[2 * i + 1]) for i, layer in enumerate(wanted)}
 
     def _decode_walk(
@@ -452,23 +484,26 @@ class SpeculativeCodec:
         upto = max(wanted) + 1
 
         def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
-            _, mu, sigma = self._targets(mode, layer, which, None, pred)
             if stacked:
+                mu = self._mu(mode, layer, which, pred)
+                sigma = None
                 # The stream's mu and sigma cover every layer; only the chunks decoded are
                 # read (and fingerprinted), so the rest of the buffers may stay zero.
                 if which not in mus:
                     mus[which] = torch.zeros((n_layers, *mu.shape), dtype=torch.float32)
                     codes[which] = np.zeros((n_layers, *mu.shape), dtype=np.int16)
                 mus[which][layer] = mu
-                # codes of a per-channel sigma are computed once per channel, then broadcast
-                codes[which][layer] = _api.sigma_codes(sigma)
+                # per-channel codes broadcast; a relative sigma's codes in one pass
+                codes[which][layer] = self._sigma_codes(mode, layer, which, mu)
+            else:
+                _, mu, sigma = self._coding(mode, layer, which, None, pred)
             return mu, sigma
 
         def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
             """Layers first..stop-1 of K or V."""
             if not stacked:
                 o, size = header["streams"][2 * first + which]
-                return [_api.decode(payload[o : o + size], mu, sigma, threads=n)]
+                return [_api.decode(payload[o : o + size], mu, sigma_codes=sigma, threads=n)]
             o, size = header["streams"][which]
             flat = _api.decode(
                 payload[o : o + size],

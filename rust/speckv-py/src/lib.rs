@@ -353,6 +353,50 @@ fn sigma_codes<'py>(py: Python<'py>, sigma: PyReadonlyArray1<'py, f32>) -> PyRes
     Ok(PyArray1::from_vec(py, codes))
 }
 
+/// Sigma codes of `sqrt(s^2 + (r * mu)^2)` for a `[..., heads, tokens, dim]` prediction `mu`
+/// with per-channel `s` and `r` (`[heads, dim]`, flattened): the cache codec's relative sigma
+/// in one pass. Each step is one correctly rounded float32 operation in the order of the
+/// codec's torch expression `sqrt(s * s + (r * mu) ** 2)` (Rust never fuses a multiply and an
+/// add on its own), so the codes equal `sigma_codes` of that tensor.
+#[pyfunction]
+fn relative_sigma_codes<'py>(
+    py: Python<'py>,
+    mu: PyReadonlyArray1<'py, f32>,
+    s: PyReadonlyArray1<'py, f32>,
+    r: PyReadonlyArray1<'py, f32>,
+    heads: usize,
+    tokens: usize,
+    dim: usize,
+) -> PyResult<Bound<'py, PyArray1<i16>>> {
+    let contiguous = |_| PyValueError::new_err("mu, s and r must be contiguous");
+    let (mu, s, r) =
+        (mu.as_slice().map_err(contiguous)?, s.as_slice().map_err(contiguous)?, r.as_slice().map_err(contiguous)?);
+    let channels = heads.checked_mul(dim).ok_or_else(|| SpeckvError::new_err("heads * dim overflows"))?;
+    let block = channels.checked_mul(tokens).ok_or_else(|| SpeckvError::new_err("heads * tokens * dim overflows"))?;
+    if s.len() != channels || r.len() != channels || block == 0 || mu.len() % block != 0 {
+        return Err(SpeckvError::new_err(format!(
+            "relative_sigma_codes: mu has {} values, s {} and r {}, for heads {heads} x tokens {tokens} x dim {dim}",
+            mu.len(),
+            s.len(),
+            r.len()
+        )));
+    }
+    let codes = py
+        .allow_threads(|| {
+            mu.iter()
+                .enumerate()
+                .map(|(i, &m)| {
+                    let c = (i / (dim * tokens)) % heads * dim + i % dim;
+                    let scaled = r[c] * m;
+                    let sigma = (s[c] * s[c] + scaled * scaled).sqrt();
+                    ladder::sigma_code(sigma)
+                })
+                .collect::<Result<Vec<i16>, Error>>()
+        })
+        .map_err(|e| SpeckvError::new_err(format!("sigma: {e}")))?;
+    Ok(PyArray1::from_vec(py, codes))
+}
+
 /// Which kernels code the exact model here: "avx2" or "portable" (same bytes either way).
 #[pyfunction]
 fn kernels() -> &'static str {
@@ -367,6 +411,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ideal_bits, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(relative_sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
