@@ -1,8 +1,10 @@
 """Speculative coding of Hugging Face KV caches (extra ``hf``: torch, transformers).
 
-A cheap predictor (by default an fp8-quantised copy of the model) predicts the cache of a
-prompt; the true cache is coded against that prediction with per-channel sigmas measured on
-calibration text, and decoded back bit for bit by running the same predictor.
+A cheap predictor (by default the model's own first two thirds of layers, then maps from the
+layers already decoded; or an fp8-quantised copy of the model, the reference method) predicts
+the cache of a prompt; the true cache is coded against that prediction with sigmas measured on
+calibration text, and decoded back bit for bit by running the same predictor. ``PrefixStore``
+keeps many such caches, deduplicated by token block, on a ``speckv.store`` backend.
 
 >>> from speckv.hf import SpeculativeCodec, bundled_text, load_demo_model   # doctest: +SKIP
 >>> from speckv.hf.cache import prefill                                      # doctest: +SKIP
@@ -13,7 +15,7 @@ calibration text, and decoded back bit for bit by running the same predictor.
 >>> input_ids = prompts(tokenizer, bundled_text("evaluation"), 512, 1)[0]    # doctest: +SKIP
 >>> cache = prefill(model, input_ids)                                        # doctest: +SKIP
 >>> data = codec.compress(cache, input_ids, dtype="bf16")                    # doctest: +SKIP
->>> cache2 = codec.decompress(data, input_ids)                        # doctest: +SKIP
+>>> cache2 = codec.decompress(data, input_ids)                               # doctest: +SKIP
 """
 
 from __future__ import annotations
