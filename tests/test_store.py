@@ -63,6 +63,7 @@ def test_memory_backend_basics():
         assert b.put(k, v, parent)
     assert not b.put(items[0][0], b"other")  # already there
     assert b.get(items[2][0]) == items[2][1] and b.get(key(99)) is None
+    assert b.has(items[2][0]) and not b.has(key(99))
     assert not b.put(key(50), b"x", parent=key(77))  # a block whose prefix is gone
     assert b.nbytes() == 400 and len(b.keys()) == 4
     b.delete(items[1][0])  # and everything that extends it
@@ -104,6 +105,7 @@ def test_directory_backend_persists_and_lists(tmp_path):
     assert sorted(again.keys()) == sorted(key(i) for i in range(3))
     assert unpack_entry(again.get(key(1))) == bytes([1]) * 100
     assert again.get(key(9)) is None
+    assert again.has(key(1)) and not again.has(key(9))
     assert again.nbytes() == 3 * (100 + 24)
     again.delete(key(1))
     again.delete(key(1))  # absent: fine
@@ -205,6 +207,7 @@ def test_redis_backend_against_a_real_server(redis_url):
     assert not b.put(key(0), b"again")  # the first writer wins
     assert unpack_entry(b.get(key(2))) == bytes([2]) * 100
     assert b.get(key(7)) is None
+    assert b.has(key(2)) and not b.has(key(7))
     assert sorted(b.keys()) == sorted(key(i) for i in range(3))
     assert b.nbytes() == 3 * 124
     b.delete(key(2))

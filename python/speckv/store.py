@@ -90,6 +90,10 @@ class Backend(Protocol):
         """The entry, or None if absent."""
         ...
 
+    def has(self, key: str) -> bool:
+        """Whether ``key`` holds an entry (nothing read)."""
+        ...
+
     def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
         """Stores ``value`` under ``key`` (``parent``: the key it extends). False if the key was
         already there or the backend declined (full, or ``parent`` is gone); once it returns
@@ -130,6 +134,11 @@ class MemoryBackend:
                 return None
             self._entries.move_to_end(key)
             return item[0]
+
+    def has(self, key: str) -> bool:
+        check_key(key)
+        with self._lock:
+            return key in self._entries
 
     def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
         check_key(key)
@@ -228,6 +237,9 @@ class DirectoryBackend:
         except OSError as e:
             raise StoreError(f"{self._file(key)}: {e}") from None
 
+    def has(self, key: str) -> bool:
+        return self._file(key).is_file()
+
     def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
         final = self._file(key)
         if final.exists():
@@ -309,6 +321,9 @@ class RedisBackend:
 
     def get(self, key: str) -> bytes | None:
         return self._call(self.client.get, self.prefix + check_key(key))
+
+    def has(self, key: str) -> bool:
+        return bool(self._call(self.client.exists, self.prefix + check_key(key)))
 
     def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
         return bool(self._call(self.client.set, self.prefix + check_key(key), bytes(value), nx=True))

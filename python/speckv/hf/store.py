@@ -93,7 +93,7 @@ class PrefixStore:
         """Tokens of the longest stored block-aligned prefix of ``input_ids`` (nothing decoded)."""
         n = 0
         for key in self.keys(input_ids):
-            if self.backend.get(key) is None:
+            if not self.backend.has(key):
                 break
             n += self.block_size
         return n
