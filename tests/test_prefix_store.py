@@ -117,3 +117,19 @@ def test_generate_from_a_restored_prefix_equals_generate_from_the_cache(codec):
     assert store.stats()["hits"] == 3
     # 56 + 10 tokens, the cache holds 65: the fourth block was stored on the way
     assert store.match(got) == 48 + BLOCK
+
+
+def test_bad_arguments_are_refused(codec):
+    store = PrefixStore(codec, MemoryBackend(), block_size=BLOCK)
+    a, _ = shared_prompts()
+    cache = prefill(codec.model, a)
+    with pytest.raises(ValueError, match="layers"):
+        store.put(a, cache[:2])
+    with pytest.raises(ValueError, match="tokens"):
+        store.put(a, [(k[:, :, :20], v[:, :, :20]) for k, v in cache])
+    with pytest.raises(ValueError, match="input_ids"):
+        store.get(a[0])
+    for bad in ({"block_size": 0}, {"dtype": "int8"}):
+        with pytest.raises(ValueError):
+            PrefixStore(codec, MemoryBackend(), **bad)
+    assert store.get(a[:, : BLOCK - 1]) == (None, 0)  # no whole block

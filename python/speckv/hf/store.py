@@ -24,7 +24,7 @@ import torch
 
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, pack_entry, unpack_entry
-from .cache import build_cache, extract_kv
+from .cache import build_cache
 from .codec import MODES, SpeculativeCodec, _dequantize
 from .predictors import describe
 from .prefix import ModelPrefixPredictor, PrefixState
@@ -103,7 +103,7 @@ class PrefixStore:
         """Stores the blocks of ``cache`` (the model's cache of ``input_ids``) that are not
         stored yet; returns how many tokens that was."""
         ids = _ids(input_ids)
-        kv = extract_kv(cache)
+        kv = self.codec._check_cache(cache)
         seq = kv[0][0].shape[2]
         if seq < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
