@@ -80,14 +80,7 @@ class PrefixStore:
     # -- keys --------------------------------------------------------------------------
     def keys(self, input_ids: torch.Tensor) -> list[str]:
         """The chain of keys of ``input_ids``'s whole blocks."""
-        ids = _ids(input_ids)
-        out = []
-        previous = self.namespace
-        for b in range(ids.shape[1] // self.block_size):
-            block = ids[0, b * self.block_size : (b + 1) * self.block_size].numpy().tobytes()
-            previous = hashlib.blake2b(previous + block, digest_size=16).digest()
-            out.append(previous.hex())
-        return out
+        return chain_keys(self.namespace, _ids(input_ids), self.block_size)
 
     def match(self, input_ids: torch.Tensor) -> int:
         """Tokens of the longest stored block-aligned prefix of ``input_ids`` (nothing decoded)."""
@@ -209,6 +202,19 @@ class PrefixStore:
         return {"blocks": len(keys), "bytes": self.backend.nbytes(), **self._stats}
 
 
+def chain_keys(namespace: bytes, input_ids: torch.Tensor, block_size: int) -> list[str]:
+    """Block keys: ``k_0 = H(namespace || block_0)``, ``k_i = H(k_{i-1} || block_i)``, with H
+    BLAKE2b-128 and a block its token ids as little-endian int64; hex. Only whole blocks."""
+    ids = _ids(input_ids)
+    out = []
+    previous = namespace
+    for b in range(ids.shape[1] // block_size):
+        block = ids[0, b * block_size : (b + 1) * block_size].numpy().astype("<i8").tobytes()
+        previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+        out.append(previous.hex())
+    return out
+
+
 def _ids(input_ids: torch.Tensor) -> torch.Tensor:
     ids = torch.as_tensor(input_ids).detach().cpu().to(torch.int64)
     if ids.ndim != 2 or ids.shape[0] != 1:
@@ -228,4 +234,4 @@ def _ignore(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
     pass
 
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "PrefixStore"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "PrefixStore", "chain_keys"]
