@@ -61,7 +61,7 @@ class Calibration:
     ``ModelPrefixPredictor``), saved alongside and given back to it by ``SpeculativeCodec``.
     ``sigma_rel`` / ``sigma_rel_fp8`` (optional, same shape as ``sigma``): a part of the error
     proportional to the prediction, for layers whose prediction is the model's own computation
-    under other kernels (errors of an ulp or two: relative, not absolute). Where given, a
+    under other kernels (errors of a few ulps: relative, not absolute). Where given, a
     scalar's sigma is ``sqrt(sigma^2 + (sigma_rel * mu)^2)``.
     """
 
@@ -71,10 +71,10 @@ class Calibration:
     means: torch.Tensor
     metadata: dict[str, Any] = field(default_factory=dict)
     predictor_state: dict[str, torch.Tensor] = field(default_factory=dict)
-    # digest() hashes every tensor (the maps are megabytes) and is asked for on every
-    # compress and decompress: computed once. A Calibration is not to be changed in place.
     sigma_rel: torch.Tensor | None = None
     sigma_rel_fp8: torch.Tensor | None = None
+    # digest() hashes every tensor (the maps are megabytes) and is asked for on every
+    # compress and decompress: computed once. A Calibration is not to be changed in place.
     _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
