@@ -175,7 +175,7 @@ def calibrate(
     single differing bit.
     """
     from .. import __version__
-    from .layerwise import is_layerwise
+    from .layerwise import is_layerwise, walk
 
     samples = list(samples)
     if not samples:
@@ -196,7 +196,7 @@ def calibrate(
             truths.append(producer(model, ids))
             if not fits:
                 layerwise = is_layerwise(predictor)
-                whole.append(_walk(predictor, ids, truths[-1]) if layerwise else predictor.predict(ids))
+                whole.append(walk(predictor.start(ids), truths[-1], _as_float) if layerwise else predictor.predict(ids))
             tokens += ids.numel()
     n_layers = len(truths[0])
     heads, dim = truths[0][0][0].shape[1], truths[0][0][0].shape[3]
@@ -298,20 +298,8 @@ class _RelativeFit:
         return a.sqrt().float(), b.sqrt().float()
 
 
-def _walk(predictor: Any, ids: torch.Tensor, truth: KV) -> KV:
-    """A layer-wise predictor's predictions of a prompt, observing the true cache."""
-    run = predictor.start(ids)
-    out = []
-    try:
-        for layer, pair in enumerate(truth):
-            got = []
-            for which, t in enumerate(pair):
-                got.append(run.predict(layer, which).float())
-                run.observe(layer, which, t.float())
-            out.append((got[0], got[1]))
-    finally:
-        run.close()
-    return out
+def _as_float(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
+    return t.float()
 
 
 def _fitted_predictions(

@@ -38,7 +38,7 @@ from .. import _api, _speckv
 from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
-from .layerwise import is_layerwise
+from .layerwise import is_layerwise, walk
 from .predictors import Fp8Predictor, Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
 
@@ -245,24 +245,12 @@ class SpeculativeCodec:
         a walk already started, e.g. on the next block of a prompt)."""
         if not is_layerwise(self.predictor):
             return self.predictor.predict(input_ids)
-        kv = extract_kv(cache)
-        out = []
         run = run if run is not None else self.predictor.start(input_ids)
-        independent = int(getattr(run, "independent_layers", 0))
-        quiet = contextlib.ExitStack()
-        try:
-            for layer, pair in enumerate(kv):
-                if layer == independent:
-                    quiet.enter_context(_quiet_torch(run))
-                got = []
-                for which, t in enumerate(pair):
-                    got.append(run.predict(layer, which))
-                    run.observe(layer, which, self._observed(dtype, layer, which, self._stored(dtype, layer, which, t)))
-                out.append((got[0], got[1]))
-        finally:
-            quiet.close()
-            run.close()
-        return out
+
+        def observed(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
+            return self._observed(dtype, layer, which, self._stored(dtype, layer, which, t))
+
+        return walk(run, extract_kv(cache), observed, _quiet_torch)
 
     def _check_cache(self, cache: Any) -> KV:
         cal = self._calibration()

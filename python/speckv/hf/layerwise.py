@@ -20,6 +20,8 @@ so the same predictions. ``decompress_layer(l)`` of such a stream decodes layers
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -65,4 +67,29 @@ def is_layerwise(predictor: Any) -> bool:
     return callable(getattr(predictor, "start", None))
 
 
-__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise"]
+def walk(
+    run: LayerRun,
+    kv: KV,
+    observed: Callable[[int, int, torch.Tensor], torch.Tensor],
+    past_independent: Callable[[LayerRun], contextlib.AbstractContextManager[Any]] | None = None,
+) -> KV:
+    """The encoder's walk: ``run``'s prediction of every layer's K and V (float32), observing
+    ``observed(layer, which, true tensor)`` after each. ``past_independent(run)`` is entered
+    once the run's ``independent_layers`` are done (the codec quiets torch there). Closes
+    ``run``."""
+    independent = int(getattr(run, "independent_layers", 0))
+    out = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(run.close)
+        for layer, pair in enumerate(kv):
+            if layer == independent and past_independent is not None:
+                stack.enter_context(past_independent(run))
+            got = []
+            for which, t in enumerate(pair):
+                got.append(run.predict(layer, which).float())
+                run.observe(layer, which, observed(layer, which, t))
+            out.append((got[0], got[1]))
+    return out
+
+
+__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise", "walk"]

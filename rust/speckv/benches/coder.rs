@@ -11,23 +11,10 @@ use speckv::{decode_into, encode, Bits, BitsMut, DType, ModelKind, Prediction, S
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{bf16, Rng};
+use common::{kv_workload, Rng};
 
 fn workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<f32>, Vec<i16>) {
-    let mut rng = Rng(42);
-    let sig: Vec<f32> = (0..channels).map(|c| 0.003 * 100f32.powf(c as f32 / channels as f32)).collect();
-    let (mut x, mut mu) = (Vec::new(), Vec::new());
-    for _ in 0..rows {
-        for s in &sig {
-            let m = rng.normal();
-            let mut noise = rng.normal() * s;
-            if rng.next().is_multiple_of(200) {
-                noise *= 20.0;
-            }
-            mu.push(m);
-            x.push(bf16(m + noise));
-        }
-    }
+    let (x, mu, sig) = kv_workload(rows, channels);
     (x, mu, sig.iter().map(|&s| sigma_code(s).unwrap()).collect())
 }
 

@@ -9,23 +9,10 @@ use speckv::model::ladder::sigma_code;
 use speckv::{decode_into, encode, Bits, BitsMut, DType, Prediction, SigmaCodes};
 #[path = "../tests/common/mod.rs"]
 mod common;
-use common::{bf16, Rng};
+use common::kv_workload;
 fn main() {
     let (rows, channels) = (8192, 256);
-    let mut rng = Rng(42);
-    let sig: Vec<f32> = (0..channels).map(|c| 0.003 * 100f32.powf(c as f32 / channels as f32)).collect();
-    let (mut x, mut mu) = (Vec::new(), Vec::new());
-    for _ in 0..rows {
-        for s in &sig {
-            let m = rng.normal();
-            let mut noise = rng.normal() * s;
-            if rng.next().is_multiple_of(200) {
-                noise *= 20.0;
-            }
-            mu.push(m);
-            x.push(bf16(m + noise));
-        }
-    }
+    let (x, mu, sig) = kv_workload(rows, channels);
     let codes: Vec<i16> = sig.iter().map(|&s| sigma_code(s).unwrap()).collect();
     let sigma = SigmaCodes::new(&codes, &[rows, channels], &[0, 1]).unwrap();
     let pred = Prediction { mu: &mu, sigma };

@@ -27,3 +27,24 @@ pub fn bf16(v: f32) -> u16 {
     let b = v.to_bits();
     ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
+
+/// The KV-like bf16 workload of the benches and the throughput harness: `rows x channels`
+/// scalars `x = bf16(mu + noise)`, `mu ~ N(0, 1)`, per-channel sigma log-spaced over two decades
+/// (0.003 to 0.3), 0.5% outliers at 20 sigma. Returns `(x, mu, sigma per channel)`.
+pub fn kv_workload(rows: usize, channels: usize) -> (Vec<u16>, Vec<f32>, Vec<f32>) {
+    let mut rng = Rng(42);
+    let sig: Vec<f32> = (0..channels).map(|c| 0.003 * 100f32.powf(c as f32 / channels as f32)).collect();
+    let (mut x, mut mu) = (Vec::new(), Vec::new());
+    for _ in 0..rows {
+        for s in &sig {
+            let m = rng.normal();
+            let mut noise = rng.normal() * s;
+            if rng.next().is_multiple_of(200) {
+                noise *= 20.0;
+            }
+            mu.push(m);
+            x.push(bf16(m + noise));
+        }
+    }
+    (x, mu, sig)
+}
