@@ -152,8 +152,20 @@ def _stream_array(data: Any) -> np.ndarray:
 
 def info(data: Any) -> dict[str, Any]:
     """Facts about a stream (validated header): version, dtype, shape, model, chunks, sizes,
-    bits per scalar."""
-    return _speckv.info(_stream_array(data))
+    bits per scalar. For a cache container (``SpeculativeCodec.compress``'s bytes; read
+    without torch or the model): ``"container": True``, its layout, layers, tokens, token
+    blocks, metadata and each stream's facts (see ``speckv.container.describe``).
+
+    >>> import numpy as np, speckv
+    >>> speckv.info(speckv.encode(np.zeros(64, dtype=np.float16)))["shape"]
+    [64]
+    """
+    arr = _stream_array(data)
+    if bytes(arr[:4]) == b"SPKC":
+        from . import container
+
+        return container.describe(arr)
+    return _speckv.info(arr)
 
 
 def decode(

@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 FORMAT_VERSION: int
+CONTAINER_VERSION: int
 DEFAULT_CHUNK_SCALARS: int
 DEFAULT_WEIGHTS: tuple[int, int, int]
 
@@ -66,3 +67,12 @@ def relative_sigma_codes(
     dim: int,
 ) -> npt.NDArray[np.int16]: ...
 def kernels() -> str: ...
+def container_write(
+    per_layer: bool,
+    layers: int,
+    block_tokens: int,
+    tokens: int,
+    metadata: bytes,
+    streams: list[bytes],
+) -> bytes: ...
+def container_info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...

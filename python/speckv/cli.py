@@ -473,17 +473,9 @@ def cmd_store(args: argparse.Namespace) -> None:
 def cmd_info(args: argparse.Namespace) -> None:
     from . import info
 
-    data = Path(args.file).read_bytes()
-    if data[:4] == b"SPKC":
-        _need_hf()
-        from .hf.codec import SpeculativeCodec
-
-        header, _ = SpeculativeCodec.read_header(data)
-        out: dict[str, Any] = {k: v for k, v in header.items() if k != "streams"}
-        out["streams"] = len(header["streams"])
-        out["total_bytes"] = len(data)
-    else:
-        out = info(data)
+    out = info(Path(args.file).read_bytes())
+    if out.get("container") and not args.streams:
+        out["streams"] = len(out["streams"])
     print(json.dumps(out, indent=2, default=str))
 
 
@@ -563,8 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_store)
 
-    p = sub.add_parser("info", help="describe a speckv stream or cache container file")
+    p = sub.add_parser("info", help="describe a speckv stream or cache container file (no torch needed)")
     p.add_argument("file")
+    p.add_argument("--streams", action="store_true", help="a container: list every stream's facts too")
     p.set_defaults(func=cmd_info)
     return parser
 

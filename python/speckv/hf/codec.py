@@ -1,20 +1,11 @@
 """SpeculativeCodec: compress a model's KV cache against its predictor, and back.
 
-Container ("SPKC", little-endian)::
-
-    offset  size  field
-    0       4     magic b"SPKC"
-    4       2     container version (1)
-    6       2     reserved, 0
-    8       4     header length H
-    12      8     BLAKE2b-64 of the header bytes
-    20      H     header, UTF-8 JSON: mode, layout, model fingerprint, calibration digest
-                  (which fixes the fp8 scales), predictor settings, digest of the prompt, and
-                  the [offset, length] of each inner stream from the end of the header:
-                  layout "stacked": all keys, then all values (a chunk per layer);
-                  layout "per-layer": layer 0 K, layer 0 V, layer 1 K, ...
-    20+H    ...   the inner speckv streams, each with its own checksums and prediction
-                  fingerprint
+The bytes are a cache container (``speckv.container``; layout documented in the Rust core,
+``rust/speckv/src/format/container.rs``): the cache cut into blocks of ``block_size`` tokens,
+each block's keys and values one speckv stream each, a run of whole chunks per layer, so a
+block or a layer is read alone; its metadata (JSON) names the storage mode, the model, the
+calibration (which fixes the fp8 scales), the predictor and the prompt's digest. Version-1
+containers (one block, written before 2026-12) still decode.
 
 Every identity check (model, calibration, predictor, prompt) runs before the predictor does,
 and every inner stream checks its prediction fingerprint before it decodes: a mismatch raises
@@ -25,26 +16,24 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import _api, _speckv
-from .._speckv import ChecksumError, CorruptStreamError, PredictionMismatchError
+from .. import _api, _speckv, container
+from .._speckv import CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise, walk
 from .predictors import Fp8Predictor, Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
 
-MAGIC = b"SPKC"
-CONTAINER_VERSION = 1
-MAX_HEADER = 16 << 20
+# Tokens per block of the container: what a reader can address (and what a prefix store
+# shares); a block costs one more stream header per K and V (~0.1 KB).
+DEFAULT_BLOCK_SIZE = 256
 MODES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 # sigma floor: a channel the predictor got exactly right in calibration still needs a scale
 SIGMA_FLOOR = 1e-6
@@ -88,6 +77,39 @@ def _parallel(fn: Any, jobs: list[Any], threads: int | None) -> list[Any]:
 
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="speckv") as pool:
         return list(pool.map(fn, jobs))
+
+
+def _block_size(block_size: int | None, tokens: int) -> int:
+    """Tokens per container block: ``block_size`` (default DEFAULT_BLOCK_SIZE), never more
+    than the cache holds."""
+    block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    return max(1, min(block, tokens))
+
+
+def _tokens(job: tuple[Any, Any, Any], start: int, stop: int) -> tuple[Any, Any, Any]:
+    """Tokens ``start:stop`` of one layer's (x or None, mu, sigma codes), ``[batch, heads,
+    tokens, dim]``; per-channel codes (one token long) broadcast to every block as they are."""
+    x, mu, codes = job
+    if start == 0 and stop >= mu.shape[2]:
+        return job
+    if codes.shape[2] != 1:
+        codes = codes[:, :, start:stop]
+    return (x[:, :, start:stop] if x is not None else None), mu[:, :, start:stop], codes
+
+
+def _wanted(layers: list[int] | None, n_layers: int) -> list[int]:
+    wanted = list(range(n_layers)) if layers is None else list(layers)
+    for layer in wanted:
+        if not 0 <= layer < n_layers:
+            raise IndexError(f"layer {layer} of {n_layers}")
+    return wanted
+
+
+def _join(blocks: list[Any]) -> Any:
+    """One layer's K or V from its blocks' pieces (``[batch, heads, tokens, dim]``)."""
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
 
 
 def _digest(data: bytes, size: int = 16) -> str:
@@ -229,14 +251,18 @@ class SpeculativeCodec:
         *,
         threads: int | None = None,
         model: str = "exact",
+        block_size: int | None = None,
     ) -> bytes:
         """Compresses ``cache`` (the model's cache of ``input_ids``) stored as ``dtype``:
         ``"bf16"``, ``"fp16"``, or ``"fp8"`` (e4m3 with one fp32 scale per layer and K/V, as
-        vLLM stores it). Lossless for the cache in that storage dtype."""
+        vLLM stores it). Lossless for the cache in that storage dtype. ``block_size``: tokens
+        per block of the container (default ``DEFAULT_BLOCK_SIZE``; ``speckv.info`` lists
+        them)."""
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
         kv = self._check_cache(cache)
-        return self._encode(kv, input_ids, self.prediction(kv, input_ids, dtype), dtype, threads, model)
+        prediction = self.prediction(kv, input_ids, dtype)
+        return self._encode(kv, input_ids, prediction, dtype, threads, model, block_size)
 
     def prediction(self, cache: Any, input_ids: torch.Tensor, dtype: str = "bf16", run: Any = None) -> KV:
         """What the predictor predicts for ``cache`` (the model's cache of ``input_ids``) stored
@@ -268,15 +294,24 @@ class SpeculativeCodec:
         *,
         threads: int | None = None,
         model: str = "exact",
+        block_size: int | None = None,
     ) -> bytes:
         """``compress`` with the predictor's output already computed (``prediction()``; for a
         whole-prompt predictor, its ``predict(input_ids)``, the same for every dtype)."""
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
-        return self._encode(self._check_cache(cache), input_ids, prediction, dtype, threads, model)
+        kv = self._check_cache(cache)
+        return self._encode(kv, input_ids, prediction, dtype, threads, model, block_size)
 
     def _encode(
-        self, kv: KV, input_ids: torch.Tensor, prediction: KV, dtype: str, threads: int | None, model: str
+        self,
+        kv: KV,
+        input_ids: torch.Tensor,
+        prediction: KV,
+        dtype: str,
+        threads: int | None,
+        model: str,
+        block_size: int | None = None,
     ) -> bytes:
         cal = self._calibration()
         jobs = []
@@ -285,91 +320,60 @@ class SpeculativeCodec:
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
                 jobs.append(self._coding(dtype, layer, which, t, p))
+        tokens = int(kv[0][0].shape[2])
+        block = _block_size(block_size, tokens)
         layout = _layout(jobs)
-        per_chunk = per_layer = 1
-        if layout == "stacked":
-            # One stream for all keys and one for all values, LAYERS_PER_CHUNK layers a chunk:
-            # a stream per layer would cost ~0.5% of an fp8 cache in headers, a chunk per layer
-            # ~0.07%. A layer-wise predictor decodes layer by layer: a chunk per layer.
-            layerwise = is_layerwise(self.predictor)
-            limit = 1 if layerwise else LAYERS_PER_CHUNK
-            per_chunk = max(1, min(limit, MAX_CHUNK // jobs[0][0].numel(), MAX_CHUNK // jobs[1][0].numel()))
-            if layerwise:
-                # a layer decoded on its own (after the maps) is still split over two cores
-                per_layer = CHUNKS_PER_LAYER if all(j[0].numel() % CHUNKS_PER_LAYER == 0 for j in jobs[:2]) else 1
-            stacks = [_stack(jobs[which::2]) for which in (0, 1)]
-            streams = [
-                _api.encode(
-                    stacks[which][0],
-                    stacks[which][1],
-                    sigma_codes=stacks[which][2],
-                    threads=threads,
-                    chunk_size=per_chunk * jobs[which][0].numel() // per_layer,
-                    model=model,
+        layerwise = is_layerwise(self.predictor)
+        blocks = []
+        for start in range(0, tokens, block):
+            part = [_tokens(job, start, start + block) for job in jobs]
+            if layout == "stacked":
+                blocks.append(self._encode_stacked(part, layerwise, threads, model))
+            else:
+                blocks.append(
+                    _parallel(
+                        lambda job: _api.encode(job[0], job[1], sigma_codes=job[2], threads=1, model=model),
+                        part,
+                        threads,
+                    )
                 )
-                for which in (0, 1)
-            ]
-        else:
-            streams = _parallel(
-                lambda job: _api.encode(job[0], job[1], sigma_codes=job[2], threads=1, model=model), jobs, threads
-            )
-        header = {
+        metadata = {
             "mode": dtype,
-            "layout": layout,
-            "layers_per_chunk": per_chunk,
-            "chunks_per_layer": per_layer,
-            "layers": len(kv),
             "model": self.fingerprint,
             "calibration": cal.digest(),
             "predictor": describe(self.predictor),
             "prompt": prompt_digest(input_ids),
-            "streams": [],
         }
-        offset = 0
-        for s in streams:
-            header["streams"].append([offset, len(s)])
-            offset += len(s)
-        blob = json.dumps(header, sort_keys=True).encode()
-        head = MAGIC + struct.pack("<HHI", CONTAINER_VERSION, 0, len(blob)) + bytes.fromhex(_digest(blob, 8)) + blob
-        return head + b"".join(streams)
+        return container.pack(metadata, layout, len(kv), block, tokens, blocks)
 
     @staticmethod
-    def read_header(data: bytes) -> tuple[dict[str, Any], memoryview]:
-        """Validates the container and returns its header and the payload after it."""
-        view = memoryview(data)
-        if len(view) < 20 or bytes(view[:4]) != MAGIC:
-            raise CorruptStreamError("not a speckv cache container (bad magic)")
-        version, reserved, length = struct.unpack_from("<HHI", view, 4)
-        if version != CONTAINER_VERSION or reserved != 0:
-            raise CorruptStreamError(f"cache container version {version} is not supported")
-        if length > min(MAX_HEADER, len(view) - 20):
-            raise CorruptStreamError("truncated cache container header")
-        blob = bytes(view[20 : 20 + length])
-        if _digest(blob, 8) != bytes(view[12:20]).hex():
-            raise ChecksumError("cache container header checksum does not match")
-        try:
-            header = json.loads(blob)
-            spans = [(int(o), int(n)) for o, n in header["streams"]]
-            mode = header["mode"]
-            layers = int(header["layers"])
-            per_chunk = int(header.get("layers_per_chunk", 1))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptStreamError(f"cache container header: {e}") from None
-        if layers < 0 or per_chunk < 1:
-            raise CorruptStreamError("cache container header: bad layer counts")
-        payload = view[20 + length :]
-        expected = 0
-        for o, n in spans:
-            if o != expected or n < 0:
-                raise CorruptStreamError("cache container: streams are not back to back")
-            expected += n
-        layout = header.get("layout")
-        n_streams = {"stacked": 2, "per-layer": 2 * int(header.get("layers", -1))}.get(layout, -1)
-        if expected != len(payload) or mode not in MODES or len(spans) != n_streams:
-            raise CorruptStreamError("cache container: stream table does not match the payload")
-        return header, payload
+    def _encode_stacked(jobs: list[Any], layerwise: bool, threads: int | None, model: str) -> list[bytes]:
+        """A block's keys, then its values, each one stream of every layer: a stream per layer
+        would cost ~0.5% of an fp8 cache in headers, a chunk per layer ~0.07%. Whole-prompt
+        predictors: LAYERS_PER_CHUNK layers a chunk; a layer-wise predictor decodes layer by
+        layer: CHUNKS_PER_LAYER chunks a layer, so one layer's decode still spreads over cores."""
+        layer = [jobs[which][0].numel() for which in (0, 1)]
+        per_chunk = 1 if layerwise else max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // max(layer)))
+        per_layer = CHUNKS_PER_LAYER if layerwise and all(n % CHUNKS_PER_LAYER == 0 for n in layer) else 1
+        streams = []
+        for which in (0, 1):
+            x, mu, codes = _stack(jobs[which::2])
+            size = per_chunk * layer[which] // per_layer
+            streams.append(_api.encode(x, mu, sigma_codes=codes, threads=threads, chunk_size=size, model=model))
+        return streams
+
+    @staticmethod
+    def read_header(data: bytes) -> container.Container:
+        """Validates the container's header and stream index (``speckv.container.parse``);
+        the streams' payloads are checked as they are decoded."""
+        c = container.parse(data)
+        if c.metadata.get("mode") not in MODES:
+            raise CorruptStreamError(f"cache container: unknown storage mode {c.metadata.get('mode')!r}")
+        return c
 
     def _check(self, header: dict[str, Any], input_ids: torch.Tensor) -> None:
+        """Refuses a container made with another model, calibration, predictor or prompt
+        (``header``: its metadata)."""
         cal = self._calibration()
         for key, mine, what in (
             ("model", self.fingerprint, "model"),
@@ -392,60 +396,61 @@ class SpeculativeCodec:
         prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         pipeline: bool | None = None,
         run: Any = None,
-    ):
-        header, payload = self.read_header(data)
-        self._check(header, input_ids)
-        mode = header["mode"]
+    ) -> tuple[container.Container, dict[int, tuple[Any, Any]]]:
+        c = self.read_header(data)
+        self._check(c.metadata, input_ids)
+        wanted = _wanted(layers, c.layers)
         if is_layerwise(self.predictor):
             if prediction is not None:
                 raise TypeError("prediction=: a layer-wise predictor runs inside decompress()")
-            return header, self._decode_walk(header, payload, input_ids, layers, threads, pipeline, run)
+            return c, self._decode_walk(c, input_ids, wanted, threads, pipeline, run)
+        mode = c.metadata["mode"]
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
-        n_layers = header["layers"]
-        wanted = list(range(n_layers)) if layers is None else layers
-        for layer in wanted:
-            if not 0 <= layer < n_layers:
-                raise IndexError(f"layer {layer} of {n_layers}")
-        if header["layout"] == "stacked":
-            decoded = {}
+        parts: dict[int, list[list[Any]]] = {layer: [[], []] for layer in wanted}
+        if c.layout == "stacked":
             for which in (0, 1):
-                o, n = header["streams"][which]
-                targets = [self._coding(mode, layer, which, None, pred[layer][which]) for layer in range(n_layers)]
+                targets = [self._coding(mode, layer, which, None, pred[layer][which]) for layer in range(c.layers)]
                 _, mu, codes = _stack(targets)
-                stream = payload[o : o + n]
-                if layers is None:
-                    decoded[which] = _api.decode(stream, mu, sigma_codes=codes, threads=threads)
-                else:
-                    # read only the chunk that holds each layer asked for
-                    per_chunk = int(header.get("layers_per_chunk", 1))
-                    decoded[which] = {}
+                for b in range(len(c.blocks)):
+                    stream = c.stream(b, 0, which)
+                    start, stop = c.token_range(b)
+                    mu_b = mu[:, :, :, start:stop]
+                    codes_b = codes if codes.shape[3] == 1 else codes[:, :, :, start:stop]
+                    if layers is None:
+                        whole = _api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=threads)
+                        for layer in wanted:
+                            parts[layer][which].append(whole[layer])
+                        continue
                     for layer in wanted:
-                        c = layer // per_chunk
-                        run = _api.decode(stream, mu, sigma_codes=codes, threads=threads, chunks=(c, c + 1))
-                        layers_in_run = run.reshape(-1, *mu.shape[1:])
-                        decoded[which][layer] = layers_in_run[layer - c * per_chunk]
-            return header, {layer: (decoded[0][layer], decoded[1][layer]) for layer in wanted}
-        jobs = []
-        for layer in wanted:
-            for which in (0, 1):
-                o, n = header["streams"][2 * layer + which]
-                _, mu, codes = self._coding(mode, layer, which, None, pred[layer][which])
-                jobs.append((payload[o : o + n], mu, codes))
-        out = _parallel(lambda job: _api.decode(job[0], job[1], sigma_codes=job[2], threads=1), jobs, threads)
-        return header, {layer: (out[2 * i], out[2 * i + 1]) for i, layer in enumerate(wanted)}
+                        # read only the chunks that hold each layer asked for
+                        chunks, skip = stream.chunks_of(layer)
+                        got = _api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=threads, chunks=chunks)
+                        parts[layer][which].append(got.reshape(-1, *mu_b.shape[1:])[skip])
+        else:
+            jobs, places = [], []
+            for layer in wanted:
+                for which in (0, 1):
+                    target = self._coding(mode, layer, which, None, pred[layer][which])
+                    for b in range(len(c.blocks)):
+                        _, mu, codes = _tokens(target, *c.token_range(b))
+                        jobs.append((c.stream(b, layer, which).data, mu, codes))
+                        places.append((layer, which))
+            out = _parallel(lambda job: _api.decode(job[0], job[1], sigma_codes=job[2], threads=1), jobs, threads)
+            for (layer, which), got in zip(places, out):
+                parts[layer][which].append(got)
+        return c, {layer: (_join(k), _join(v)) for layer, (k, v) in parts.items()}
 
     def _decode_walk(
         self,
-        header: dict[str, Any],
-        payload: memoryview,
+        c: container.Container,
         input_ids: torch.Tensor,
-        layers: list[int] | None,
+        wanted: list[int],
         threads: int | None,
         pipeline: bool | None,
         run: Any = None,
     ) -> dict[int, tuple[Any, Any]]:
-        """Decodes a layer-wise predictor's stream in the walk's order (see ``layerwise``),
-        up to the last layer asked for.
+        """Decodes a layer-wise predictor's container in the walk's order (see ``layerwise``),
+        up to the last layer asked for, block by block within each layer.
 
         The layers a run predicts without looking at decoded ones (``independent_layers``:
         the model's own prefix) are decoded either as they are made, overlapped with the
@@ -454,54 +459,50 @@ class SpeculativeCodec:
         whose cores the forward pass already uses, sharing them slows it more than the
         decode gains). ``None`` picks overlap when the machine has more cores than the
         predictor's threads. Either way, the same bits."""
-        mode, n_layers = header["mode"], header["layers"]
-        wanted = list(range(n_layers)) if layers is None else layers
-        for layer in wanted:
-            if not 0 <= layer < n_layers:
-                raise IndexError(f"layer {layer} of {n_layers}")
-        stacked = header["layout"] == "stacked"
-        per_layer = int(header.get("chunks_per_layer", 1))
-        if stacked and (int(header.get("layers_per_chunk", 1)) != 1 or per_layer < 1):
+        mode, n_layers = c.metadata["mode"], c.layers
+        stacked = c.layout == "stacked"
+        if stacked and any(s.layers_per_chunk != 1 for block in c.blocks for s in block):
             raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
         n_threads = _api.resolve_threads(threads)
         if pipeline is None:
             pipeline = (os.cpu_count() or 1) > int(getattr(self.predictor, "threads", 1))
-        mus: dict[int, torch.Tensor] = {}
-        codes: dict[int, np.ndarray] = {}
+        # stacked: per K/V and block, every layer's mu and sigma codes (the stream covers all
+        # layers; only the chunks decoded are read and fingerprinted, the rest may stay zero)
+        mus: dict[tuple[int, int], torch.Tensor] = {}
+        codes: dict[tuple[int, int], np.ndarray] = {}
         out: dict[int, list[Any]] = {}
         upto = max(wanted) + 1
 
         def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
-            if stacked:
-                mu = self._mu(mode, layer, which, pred)
-                sigma = None
-                # The stream's mu and sigma cover every layer; only the chunks decoded are
-                # read (and fingerprinted), so the rest of the buffers may stay zero.
-                if which not in mus:
-                    mus[which] = torch.zeros((n_layers, *mu.shape), dtype=torch.float32)
-                    codes[which] = np.zeros((n_layers, *mu.shape), dtype=np.int16)
-                mus[which][layer] = mu
-                # per-channel codes broadcast; a relative sigma's codes in one pass
-                codes[which][layer] = self._sigma_codes(mode, layer, which, mu)
-            else:
+            if not stacked:
                 _, mu, sigma = self._coding(mode, layer, which, None, pred)
-            return mu, sigma
+                return mu, sigma
+            mu = self._mu(mode, layer, which, pred)
+            code = self._sigma_codes(mode, layer, which, mu)
+            for b in range(len(c.blocks)):
+                start, stop = c.token_range(b)
+                if (which, b) not in mus:
+                    shape = (n_layers, *mu.shape[:2], stop - start, mu.shape[3])
+                    mus[which, b] = torch.zeros(shape, dtype=torch.float32)
+                    codes[which, b] = np.zeros(shape, dtype=np.int16)
+                mus[which, b][layer] = mu[:, :, start:stop]
+                # per-channel codes broadcast over the tokens
+                codes[which, b][layer] = code if code.shape[2] == 1 else code[:, :, start:stop]
+            return mu, None
 
         def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
-            """Layers first..stop-1 of K or V."""
-            if not stacked:
-                o, size = header["streams"][2 * first + which]
-                return [_api.decode(payload[o : o + size], mu, sigma_codes=sigma, threads=n)]
-            o, size = header["streams"][which]
-            flat = _api.decode(
-                payload[o : o + size],
-                mus[which],
-                sigma_codes=codes[which],
-                threads=n,
-                chunks=(first * per_layer, stop * per_layer),
-            )
-            shape = mus[which].shape[1:]
-            return list(flat.reshape(stop - first, *shape))
+            """Layers first..stop-1 of K or V, every block of each joined."""
+            blocks = []
+            for b in range(len(c.blocks)):
+                stream = c.stream(b, first, which)
+                if not stacked:
+                    _, mu_b, codes_b = _tokens((None, mu, sigma), *c.token_range(b))
+                    blocks.append([_api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=n)])
+                    continue
+                chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
+                flat = _api.decode(stream.data, mus[which, b], sigma_codes=codes[which, b], threads=n, chunks=chunks)
+                blocks.append(list(flat.reshape(stop - first, *mus[which, b].shape[1:])))
+            return [_join([blk[i] for blk in blocks]) for i in range(stop - first)]
 
         run = run if run is not None else self.predictor.start(input_ids)
         quiet = contextlib.ExitStack()
@@ -550,9 +551,9 @@ class SpeculativeCodec:
         when its output for ``input_ids`` is at hand (whole-prompt predictors). ``pipeline``:
         for a layer-wise predictor, whether decoding overlaps its forward pass (see
         ``_decode_walk``; default: where spare cores exist)."""
-        header, layers = self._decode(data, input_ids, None, threads, prediction, pipeline)
-        kv = [layers[i] for i in range(header["layers"])]
-        if header["mode"] == "fp8" and dequantize:
+        c, layers = self._decode(data, input_ids, None, threads, prediction, pipeline)
+        kv = [layers[i] for i in range(c.layers)]
+        if c.metadata["mode"] == "fp8" and dequantize:
             scales = self._calibration().fp8_scales
             kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
         return build_cache(kv)

@@ -156,7 +156,7 @@ def evaluate(
                 acc["decode_s"] += t_dec
             acc["bytes"] += len(data)
             acc["raw_bytes"] += sum(t.numel() * (1 if mode == "fp8" else 2) for pair in true for t in pair)
-            header, payload = codec.read_header(data)
+            c = codec.read_header(data)
             # (stored tensor, mu, sigma) of every layer's K and V, as the codec coded them
             targets = {
                 (layer, which): codec._targets(mode, layer, which, true[layer][which], pred[layer][which])
@@ -165,31 +165,30 @@ def evaluate(
             }
             stored_all = []
             layer_bits = torch.zeros(n_layers, 2, dtype=torch.float64)
-            if header["layout"] == "stacked":
+            own = None
+            for b in range(len(c.blocks)):
+                if c.layout != "stacked":
+                    for layer in range(n_layers):
+                        for which in (0, 1):
+                            layer_bits[layer, which] += len(c.stream(b, layer, which).data) * 8
+                    continue
                 # A chunk holds `layers_per_chunk` layers: its bytes (and a share of the stream
                 # header) go to them in proportion to their ideal code lengths under speckv's
-                # own model.
-                per_chunk = int(header["layers_per_chunk"])
-                per_layer = int(header.get("chunks_per_layer", 1))
+                # own model; a layer in several chunks gets them all.
                 for which in (0, 1):
-                    o, n = header["streams"][which]
-                    info = _api.info(payload[o : o + n])
+                    stream = c.stream(b, 0, which)
+                    info = _api.info(stream.data)
                     share = info["header_bytes"] / len(info["chunk_bytes"])
-                    own = []
-                    for layer in range(n_layers):
-                        own.append(_api.ideal_bits(*targets[layer, which]))
-                    for c, nbytes in enumerate(info["chunk_bytes"]):
-                        if per_layer > 1:  # a layer in several chunks: they all go to it
-                            layer_bits[c // per_layer, which] += (nbytes + share) * 8
+                    for i, nbytes in enumerate(info["chunk_bytes"]):
+                        if stream.chunks_per_layer > 1 or stream.layers_per_chunk == 1:
+                            layer_bits[i // stream.chunks_per_layer, which] += (nbytes + share) * 8
                             continue
-                        members = range(c * per_chunk, min((c + 1) * per_chunk, n_layers))
-                        total = sum(own[m] for m in members) or 1.0
+                        if own is None:
+                            own = {key: _api.ideal_bits(*t) for key, t in targets.items()}
+                        members = range(i * stream.layers_per_chunk, min((i + 1) * stream.layers_per_chunk, n_layers))
+                        total = sum(own[m, which] for m in members) or 1.0
                         for m in members:
-                            layer_bits[m, which] = (nbytes + share) * 8 * own[m] / total
-            else:
-                for layer in range(n_layers):
-                    for which in (0, 1):
-                        layer_bits[layer, which] = header["streams"][2 * layer + which][1] * 8
+                            layer_bits[m, which] += (nbytes + share) * 8 * own[m, which] / total
             for layer in range(n_layers):
                 for which in (0, 1):
                     stored, mu, sigma = targets[layer, which]

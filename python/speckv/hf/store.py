@@ -115,7 +115,7 @@ class PrefixStore:
                 continue
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
             pred = self.codec.prediction(block, block_ids, self.dtype, run=predictor.start(block_ids, state))
-            data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact")
+            data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
             if self.backend.put(key, pack_entry(data), parent):
                 new += self.block_size
             parent = key
@@ -155,8 +155,7 @@ class PrefixStore:
             block_ids = ids[:, end - self.block_size : end]
             try:
                 data = unpack_entry(raw)
-                header, _ = self.codec.read_header(data)
-                self.codec._check(header, ids[:, :end])
+                self.codec._check(self.codec.read_header(data).metadata, ids[:, :end])
                 run = predictor.start(block_ids, state)
                 _, layers = self.codec._decode(data, ids[:, :end], None, self.threads, None, None, run)
             except (CorruptStreamError, PredictionMismatchError):

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use speckv::codec::EncodeOptions;
+use speckv::format::container::{self, Container, StreamLayers};
 use speckv::format::Header;
 use speckv::model::ladder;
 use speckv::model::ModelParams;
@@ -343,6 +344,61 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
     Ok(d)
 }
 
+/// Wraps block-major `streams` in a cache container (`speckv::format::container`).
+#[pyfunction]
+#[pyo3(signature = (per_layer, layers, block_tokens, tokens, metadata, streams))]
+fn container_write<'py>(
+    py: Python<'py>,
+    per_layer: bool,
+    layers: u32,
+    block_tokens: u32,
+    tokens: u64,
+    metadata: &[u8],
+    streams: Vec<Vec<u8>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let out = py
+        .allow_threads(|| {
+            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            container::write(per_layer, layers, block_tokens, tokens, metadata, &refs)
+        })
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// A cache container's layout, validated: its fields, metadata bytes, and each stream's
+/// byte range and header facts (block-major).
+#[pyfunction]
+fn container_info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound<'py, PyDict>> {
+    let bytes = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let c = py.allow_threads(|| Container::parse(bytes)).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("version", c.version)?;
+    d.set_item("layout", if c.per_layer() { "per-layer" } else { "stacked" })?;
+    d.set_item("layers", c.layers)?;
+    d.set_item("block_tokens", c.block_tokens)?;
+    d.set_item("tokens", c.tokens)?;
+    d.set_item("blocks", c.blocks())?;
+    d.set_item("streams_per_block", c.streams_per_block())?;
+    d.set_item("metadata", PyBytes::new(py, &bytes[c.metadata.clone()]))?;
+    d.set_item("total_bytes", bytes.len())?;
+    let streams = pyo3::types::PyList::empty(py);
+    for s in &c.streams {
+        let e = header_dict(py, &s.header, s.range.len())?;
+        e.set_item("offset", s.range.start)?;
+        e.set_item("length", s.range.len())?;
+        let (per_chunk, per_layer) = match s.layers {
+            Some(StreamLayers::LayersPerChunk(n)) => (n, 1),
+            Some(StreamLayers::ChunksPerLayer(n)) => (1, n),
+            None => (1, s.header.chunks.len() as u64),
+        };
+        e.set_item("layers_per_chunk", per_chunk)?;
+        e.set_item("chunks_per_layer", per_layer)?;
+        streams.append(e)?;
+    }
+    d.set_item("streams", streams)?;
+    Ok(d)
+}
+
 /// `round(8 log2 sigma)` of each float32 sigma, as int16; raises naming `sigma`.
 #[pyfunction]
 fn sigma_codes<'py>(py: Python<'py>, sigma: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<i16>>> {
@@ -415,12 +471,15 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(relative_sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(container_write, m)?)?;
+    m.add_function(wrap_pyfunction!(container_info, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;
     m.add("UnsupportedStreamError", py.get_type::<UnsupportedStreamError>())?;
     m.add("PredictionMismatchError", py.get_type::<PredictionMismatchError>())?;
     m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
+    m.add("CONTAINER_VERSION", speckv::format::CONTAINER_VERSION)?;
     m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
     let p = ModelParams::default();
     m.add("DEFAULT_WEIGHTS", (p.weight_narrow, p.weight_wide, p.weight_escape))?;

@@ -1,0 +1,184 @@
+"""The cache container ("SPKC"): a model's KV cache as speckv streams, addressable by token
+block, by layer and by K/V.
+
+The byte layout (version 2) is documented, written and validated in the Rust core
+(``rust/speckv/src/format/container.rs``); this module is the thin Python view of it, and
+reads version 1 too (one block, a BLAKE2b-checksummed JSON header; written by the codec before
+2026-12). No torch needed: ``speckv.info`` describes a container with this module alone.
+
+The metadata block holds UTF-8 JSON written by ``speckv.hf``: the storage mode, the model,
+calibration and predictor identities, and the prompt's digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _speckv
+from ._speckv import ChecksumError, CorruptStreamError, UnsupportedStreamError
+
+MAGIC = b"SPKC"
+VERSION: int = _speckv.CONTAINER_VERSION
+# Version 1's JSON header is refused past this size before it is read.
+MAX_V1_HEADER = 16 << 20
+LAYOUTS = ("stacked", "per-layer")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One speckv stream of a container: its bytes and how its chunks hold layers (stacked
+    layout: ``layers_per_chunk`` or ``chunks_per_layer``, one of them 1)."""
+
+    data: memoryview
+    layers_per_chunk: int
+    chunks_per_layer: int
+
+    def chunks_of(self, layer: int) -> tuple[tuple[int, int], int]:
+        """``((first, stop), skip)``: the chunks holding ``layer`` of a stacked stream, and the
+        layers before it in the first of them."""
+        if self.layers_per_chunk > 1:
+            c = layer // self.layers_per_chunk
+            return (c, c + 1), layer % self.layers_per_chunk
+        return (layer * self.chunks_per_layer, (layer + 1) * self.chunks_per_layer), 0
+
+
+@dataclass(frozen=True)
+class Container:
+    """A parsed, validated container (stream payloads are checked when decoded)."""
+
+    version: int
+    layout: str
+    layers: int
+    block_tokens: int
+    tokens: int
+    metadata: dict[str, Any]
+    # blocks[b]: the block's streams, K then V (stacked) or layer 0 K, layer 0 V, ... (per layer)
+    blocks: list[list[Stream]]
+
+    def token_range(self, b: int) -> tuple[int, int]:
+        start = b * self.block_tokens
+        return start, min(start + self.block_tokens, self.tokens)
+
+    def stream(self, b: int, layer: int, which: int) -> Stream:
+        """Block ``b``'s stream holding ``layer``'s K (``which=0``) or V (1)."""
+        return self.blocks[b][which if self.layout == "stacked" else 2 * layer + which]
+
+
+def _array(data: Any) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def pack(
+    metadata: dict[str, Any], layout: str, layers: int, block_tokens: int, tokens: int, blocks: list[list[bytes]]
+) -> bytes:
+    """A version-2 container of ``blocks`` (each a block's streams in layout order)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    blob = json.dumps(metadata, sort_keys=True).encode()
+    streams = [bytes(s) for block in blocks for s in block]
+    return _speckv.container_write(layout == "per-layer", layers, block_tokens, tokens, blob, streams)
+
+
+def parse(data: Any) -> Container:
+    """The container in ``data`` (bytes-like), version 1 or 2, validated; typed errors
+    (``CorruptStreamError``, ``ChecksumError``, ``UnsupportedStreamError``) otherwise."""
+    view = memoryview(data).cast("B")
+    if len(view) < 8 or bytes(view[:4]) != MAGIC:
+        raise UnsupportedStreamError("not a speckv cache container (bad magic)")
+    if struct.unpack_from("<H", view, 4)[0] == 1:
+        return _parse_v1(view)
+    d = _speckv.container_info(_array(view))
+    metadata = _metadata(d["metadata"])
+    per_block = d["streams_per_block"]
+    streams = [
+        Stream(view[s["offset"] : s["offset"] + s["length"]], int(s["layers_per_chunk"]), int(s["chunks_per_layer"]))
+        for s in d["streams"]
+    ]
+    blocks = [streams[i : i + per_block] for i in range(0, len(streams), per_block)]
+    return Container(2, d["layout"], d["layers"], d["block_tokens"], d["tokens"], metadata, blocks)
+
+
+def _metadata(blob: bytes) -> dict[str, Any]:
+    try:
+        meta = json.loads(blob)
+    except ValueError as e:
+        raise CorruptStreamError(f"cache container metadata is not JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise CorruptStreamError("cache container metadata is not a JSON object")
+    return meta
+
+
+def _parse_v1(view: memoryview) -> Container:
+    """Version 1: ``"SPKC"``, version u16 (1), reserved u16 (0), header length u32,
+    BLAKE2b-64 of the header, the JSON header (with each stream's [offset, length] from its
+    end), then the streams."""
+    if len(view) < 20:
+        raise CorruptStreamError("truncated cache container header")
+    _, reserved, length = struct.unpack_from("<HHI", view, 4)
+    if reserved != 0:
+        raise CorruptStreamError("cache container version 1: reserved bytes are not zero")
+    if length > min(MAX_V1_HEADER, len(view) - 20):
+        raise CorruptStreamError("truncated cache container header")
+    blob = bytes(view[20 : 20 + length])
+    if hashlib.blake2b(blob, digest_size=8).digest() != bytes(view[12:20]):
+        raise ChecksumError("cache container header checksum does not match")
+    header = _metadata(blob)
+    try:
+        spans = [(int(o), int(n)) for o, n in header.pop("streams")]
+        layers = int(header.pop("layers"))
+        layout = header.pop("layout")
+        per_chunk = int(header.pop("layers_per_chunk", 1))
+        per_layer = int(header.pop("chunks_per_layer", 1))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptStreamError(f"cache container header: {e}") from None
+    if layers < 1 or per_chunk < 1 or per_layer < 1 or layout not in LAYOUTS:
+        raise CorruptStreamError("cache container header: bad layout or layer counts")
+    payload = view[20 + length :]
+    expected = 0
+    for o, n in spans:
+        if o != expected or n < 0:
+            raise CorruptStreamError("cache container: streams are not back to back")
+        expected += n
+    if expected != len(payload) or len(spans) != (2 if layout == "stacked" else 2 * layers):
+        raise CorruptStreamError("cache container: stream table does not match the payload")
+    streams = [Stream(payload[o : o + n], per_chunk, per_layer) for o, n in spans]
+    shape = _speckv.info(_array(streams[0].data))["shape"]
+    tokens = int(shape[3] if layout == "stacked" else shape[2]) if len(shape) >= 4 else 0
+    return Container(1, layout, layers, max(tokens, 1), tokens, header, [streams])
+
+
+def describe(data: Any) -> dict[str, Any]:
+    """``speckv.info`` of a container: its fields, metadata, sizes and every stream's facts."""
+    c = parse(data)
+    streams = []
+    for b, block in enumerate(c.blocks):
+        for s in block:
+            facts = _speckv.info(_array(s.data))
+            facts.update(block=b, layers_per_chunk=s.layers_per_chunk, chunks_per_layer=s.chunks_per_layer)
+            streams.append(facts)
+    total = len(memoryview(data))
+    scalars = sum(s["n_scalars"] for s in streams)
+    return {
+        "container": True,
+        "version": c.version,
+        "layout": c.layout,
+        "layers": c.layers,
+        "tokens": c.tokens,
+        "block_tokens": c.block_tokens,
+        "blocks": len(c.blocks),
+        "metadata": c.metadata,
+        "total_bytes": total,
+        "header_bytes": total - sum(s["total_bytes"] for s in streams),
+        "raw_bytes": sum(s["raw_bytes"] for s in streams),
+        "bits_per_scalar": 8 * total / scalars if scalars else 0.0,
+        "streams": streams,
+    }
+
+
+__all__ = ["MAGIC", "VERSION", "Container", "Stream", "describe", "pack", "parse"]

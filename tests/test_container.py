@@ -1,0 +1,165 @@
+"""The cache container: token blocks, layers and K/V addressable, both layouts, version 1
+still read, described without torch, and hostile bytes refused with typed errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_hf import calibrated, ids, tiny_model  # noqa: E402,F401
+from test_layerwise import WORDS, assert_same  # noqa: E402
+
+import speckv  # noqa: E402
+from speckv import container  # noqa: E402
+from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
+from speckv.hf import codec as codec_module  # noqa: E402
+from speckv.hf.cache import other_kernels, prefill  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def layerwise():
+    model = tiny_model("llama")
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=2))
+    codec.calibrate([ids(48, s) for s in range(6)])
+    return model, codec
+
+
+@pytest.fixture(params=["whole-prompt", "layer-wise"])
+def any_codec(request, calibrated, layerwise):  # noqa: F811
+    return calibrated if request.param == "whole-prompt" else layerwise
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+@pytest.mark.parametrize("block_size", [7, 16, 40, 1000])
+def test_blocks_round_trip_and_address_layers(any_codec, mode, block_size):
+    model, codec = any_codec
+    prompt = ids(40, 3)
+    cache = other_kernels(model, prompt)
+    data = codec.compress(cache, prompt, mode, block_size=block_size)
+    facts = speckv.info(data)
+    blocks = -(-40 // min(block_size, 40))
+    assert facts["container"] and facts["version"] == 2 and facts["layout"] == "stacked"
+    assert (facts["tokens"], facts["blocks"], len(facts["streams"])) == (40, blocks, 2 * blocks)
+    assert facts["metadata"]["mode"] == mode and facts["metadata"]["model"] == codec.fingerprint
+    back = extract_kv(codec.decompress(data, prompt, dequantize=False))
+    assert_same(codec, mode, cache, back)
+    k, v = codec.decompress_layer(data, prompt, 2)
+    assert torch.equal(v.view(WORDS[mode]), back[2][1].view(WORDS[mode]))
+    # the decoded cache does not depend on the block size
+    one = codec.compress(cache, prompt, mode, block_size=40)
+    assert extract_kv(codec.decompress(one, prompt, dequantize=False))[1][0].view(WORDS[mode]).equal(
+        back[1][0].view(WORDS[mode])
+    )
+
+
+def test_per_layer_layout_round_trips(any_codec, monkeypatch):
+    model, codec = any_codec
+    monkeypatch.setattr(codec_module, "_layout", lambda jobs: "per-layer")
+    prompt = ids(24, 4)
+    cache = prefill(model, prompt)
+    data = codec.compress(cache, prompt, "bf16", block_size=10)
+    facts = speckv.info(data)
+    layers = len(cache)
+    assert facts["layout"] == "per-layer" and len(facts["streams"]) == 3 * 2 * layers
+    assert_same(codec, "bf16", cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))
+    k, _ = codec.decompress_layer(data, prompt, layers - 1)
+    assert torch.equal(k.view(torch.int16), cache[layers - 1][0].view(torch.int16))
+
+
+def to_version_1(data: bytes) -> bytes:
+    """The version-1 form of a one-block container (what the codec wrote before 2026-12)."""
+    c = container.parse(data)
+    assert len(c.blocks) == 1
+    header = dict(c.metadata, layout=c.layout, layers=c.layers, streams=[])
+    per = c.blocks[0][0]
+    header.update(layers_per_chunk=per.layers_per_chunk, chunks_per_layer=per.chunks_per_layer)
+    offset = 0
+    for s in c.blocks[0]:
+        header["streams"].append([offset, len(s.data)])
+        offset += len(s.data)
+    blob = json.dumps(header, sort_keys=True).encode()
+    head = b"SPKC" + struct.pack("<HHI", 1, 0, len(blob)) + hashlib.blake2b(blob, digest_size=8).digest() + blob
+    return head + b"".join(bytes(s.data) for s in c.blocks[0])
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_version_1_containers_still_decode(any_codec, mode):
+    model, codec = any_codec
+    prompt = ids(32, 5)
+    cache = prefill(model, prompt)
+    old = to_version_1(codec.compress(cache, prompt, mode, block_size=64))
+    facts = speckv.info(old)
+    assert facts["version"] == 1 and facts["blocks"] == 1 and facts["tokens"] == 32
+    assert_same(codec, mode, cache, extract_kv(codec.decompress(old, prompt, dequantize=False)))
+    damaged = bytearray(old)
+    damaged[25] ^= 1
+    with pytest.raises(speckv.ChecksumError):
+        codec.decompress(bytes(damaged), prompt)
+
+
+def test_info_reads_a_container_without_torch(calibrated, tmp_path):  # noqa: F811
+    model, codec = calibrated
+    prompt = ids(20, 6)
+    path = tmp_path / "cache.spkc"
+    path.write_bytes(codec.compress(prefill(model, prompt), prompt, "fp8", block_size=8))
+    script = (
+        "import sys, json; sys.modules['torch'] = None\n"
+        "import speckv\n"
+        f"facts = speckv.info(open({str(path)!r}, 'rb').read())\n"
+        "print(json.dumps([facts['blocks'], facts['tokens'], facts['metadata']['mode'], 'speckv.hf' in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [3, 20, "fp8", False]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_damaged_bytes_get_typed_errors(calibrated, data):  # noqa: F811
+    model, codec = calibrated
+    good = _sample(model, codec)
+    cut = data.draw(st.integers(0, len(good) - 1))
+    flips = data.draw(st.lists(st.tuples(st.integers(0, len(good) - 1), st.integers(1, 255)), max_size=3))
+    bad = bytearray(good[:cut] if data.draw(st.booleans()) else good)
+    for i, x in flips:
+        if i < len(bad):
+            bad[i] ^= x
+    prompt = ids(24, 7)
+    try:
+        back = extract_kv(codec.decompress(bytes(bad), prompt, dequantize=False))
+    except speckv.SpeckvError:
+        return
+    # a change that decodes must be one that changed nothing the cache is made of
+    want = extract_kv(codec.decompress(good, prompt, dequantize=False))
+    for (k, v), (k2, v2) in zip(want, back):
+        assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
+        assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
+
+
+_SAMPLES: dict[int, bytes] = {}
+
+
+def _sample(model, codec) -> bytes:
+    key = id(codec)
+    if key not in _SAMPLES:
+        prompt = ids(24, 7)
+        _SAMPLES[key] = codec.compress(prefill(model, prompt), prompt, "bf16", block_size=8)
+    return _SAMPLES[key]
+
+
+def test_bad_block_sizes_are_refused(calibrated):  # noqa: F811
+    model, codec = calibrated
+    prompt = ids(8, 1)
+    cache = prefill(model, prompt)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="block_size"):
+            codec.compress(cache, prompt, "bf16", block_size=bad)
