@@ -145,3 +145,74 @@ def test_lmcache_serde_processor_round_trip(lmcache, model, tmp_path):
         assert torch.equal(word(back.tensor), word(chunk))
     finally:
         proc.close()
+
+
+def _wait(poll, deadline_s: float = 30.0):
+    deadline = time.time() + deadline_s
+    while time.time() < deadline:
+        got = poll()
+        if got is not None:
+            return got
+        time.sleep(0.01)
+    raise TimeoutError("LMCache task did not finish")
+
+
+@pytest.mark.parametrize("adapter", ["mock", "fs"])
+def test_lmcache_l2_adapter_stores_through_the_serde(lmcache, adapter, tmp_path):
+    """LMCache's own L2 path: an L1 manager, a real L2 adapter spec with a ``"serde"`` entry
+    (parsed as from ``--l2-adapter``), wrapped by LMCache's SerdeL2AdapterWrapper."""
+    import argparse
+    import json
+
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.distributed.config import L1ManagerConfig, L1MemoryManagerConfig
+    from lmcache.v1.distributed.l1_manager import L1Manager
+    from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
+    from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
+    from lmcache.v1.distributed.l2_adapters.serde_wrapper import SerdeL2AdapterWrapper
+    from lmcache.v1.distributed.serde.factory import create_serde_processor
+
+    spec = {"fs": {"type": "fs", "base_path": str(tmp_path)}, "mock": {"type": "mock", "max_size_gb": 0.1}}[adapter]
+    if adapter == "mock":
+        spec["mock_bandwidth_gb"] = 100
+    spec["serde"] = {"type": "speckv", "model": "free"}
+    args = add_l2_adapters_args(argparse.ArgumentParser()).parse_args(["--l2-adapter", json.dumps(spec)])
+    config = parse_args_to_l2_adapters_config(args).adapters[0]
+    memory = L1MemoryManagerConfig(size_in_bytes=16 << 20, use_lazy=False, shm_name="")
+    l1 = L1Manager(L1ManagerConfig(memory_config=memory))
+    inner = create_l2_adapter_from_registry(config, l1.get_l1_memory_desc())
+    wrapper = SerdeL2AdapterWrapper(inner=inner, serde=create_serde_processor(config.serde_config), l1_manager=l1)
+    reserved: list = []
+    try:
+        shape = torch.Size([2, 3, 64, 32])
+        layout = MemoryLayoutDesc(shapes=[shape], dtypes=[torch.bfloat16])
+        keys = [ObjectKey(chunk_hash=bytes([i]) * 8, model_name="demo", kv_rank=0) for i in range(2)]
+        chunks = [kv_chunk(tuple(shape), seed=i) for i in range(2)]
+        made = l1.reserve_write(keys=keys, is_temporary=[False] * 2, layout_desc=layout, tag="test")
+        reserved += keys
+        sources = [made[k][1] for k in keys]
+        for obj, chunk in zip(sources, chunks):
+            obj.tensor.view(torch.bfloat16).view(shape).copy_(chunk)
+        task = wrapper.submit_store_task(keys, sources)
+        stored = _wait(lambda: wrapper.pop_completed_store_tasks().get(task))
+        assert stored
+        if adapter == "fs":
+            sizes = sorted(p.stat().st_size for p in tmp_path.glob("*.data"))
+            assert len(sizes) == 2 and max(sizes) < shape.numel() * 2 / 1.2
+        dest_keys = [ObjectKey(chunk_hash=b"d" * 7 + bytes([i]), model_name="demo", kv_rank=0) for i in range(2)]
+        made = l1.reserve_write(keys=dest_keys, is_temporary=[True] * 2, layout_desc=layout, tag="test")
+        reserved += dest_keys
+        dests = [made[k][1] for k in dest_keys]
+        task = wrapper.submit_load_task(keys, dests)
+        bitmap = _wait(lambda: wrapper.query_load_result(task))
+        if adapter == "fs" and not bitmap.test(0):
+            # LMCache 0.5.6's fs adapter reads exactly the serde's size bound back, so no
+            # variable-size serde loads from it (LMCache PR #3796 adds the stored size).
+            pytest.xfail("LMCache's fs adapter cannot load variable-size serde output yet")
+        for i, chunk in enumerate(chunks):
+            assert bitmap.test(i)
+            assert torch.equal(word(dests[i].tensor.view(torch.bfloat16).view(shape)), word(chunk))
+    finally:
+        wrapper.close()
+        l1.finish_write_and_delete(reserved, tag="test")
+        l1.close()
