@@ -57,8 +57,10 @@ def test_blocks_round_trip_and_address_layers(any_codec, mode, block_size):
     assert torch.equal(v.view(WORDS[mode]), back[2][1].view(WORDS[mode]))
     # the decoded cache does not depend on the block size
     one = codec.compress(cache, prompt, mode, block_size=40)
-    assert extract_kv(codec.decompress(one, prompt, dequantize=False))[1][0].view(WORDS[mode]).equal(
-        back[1][0].view(WORDS[mode])
+    assert (
+        extract_kv(codec.decompress(one, prompt, dequantize=False))[1][0]
+        .view(WORDS[mode])
+        .equal(back[1][0].view(WORDS[mode]))
     )
 
 
