@@ -8,6 +8,7 @@ import sys
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import speckv
 
@@ -50,3 +51,27 @@ def test_store_stats_without_a_model(tmp_path):
     assert json.loads(out.stdout)["blocks"] == 0
     out = run("store", "get", str(folder), "--dtype", "fp8")
     assert out.returncode != 0 and "holds dtype" in out.stderr
+
+
+def test_info_of_a_container_without_a_model(tmp_path):
+    """A container put together from predictor-free streams (no torch): `speckv info` lists
+    its blocks, and with --streams every stream."""
+    from speckv import container
+
+    rng = np.random.default_rng(0)
+    blocks = []
+    for tokens in (4, 2):  # 6 tokens in blocks of 4
+        shape = (2, 1, 1, tokens, 8)
+        layer = int(np.prod(shape[1:]))
+        blocks.append([speckv.encode(rng.standard_normal(shape).astype(ml_dtypes.bfloat16), chunk_size=layer)] * 2)
+    path = tmp_path / "cache.spkc"
+    path.write_bytes(container.pack({"mode": "bf16"}, "stacked", 2, 4, 6, blocks))
+    out = run("info", str(path))
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout)
+    assert (facts["blocks"], facts["tokens"], facts["streams"], facts["metadata"]) == (2, 6, 4, {"mode": "bf16"})
+    out = run("info", str(path), "--streams")
+    streams = json.loads(out.stdout)["streams"]
+    assert [s["shape"][3] for s in streams] == [4, 4, 2, 2] and streams[0]["chunks_per_layer"] == 1
+    with pytest.raises(speckv.SpeckvError, match="streams"):
+        container.pack({}, "stacked", 2, 4, 6, blocks[:1])
