@@ -39,7 +39,7 @@ use std::ops::Range;
 
 use crate::error::{corrupt, invalid, Error, Result};
 use crate::format::header::{Header, Reader};
-use crate::hash::{checksum, Hasher};
+use crate::hash::checksum;
 
 pub const CONTAINER_MAGIC: [u8; 4] = *b"SPKC";
 pub const CONTAINER_VERSION: u16 = 2;
@@ -173,13 +173,7 @@ impl Container {
         let metadata_start = r.pos;
         r.take(metadata_len as usize)?;
         let metadata = metadata_start..r.pos;
-        let covered = r.pos;
-        let stored = r.u64()?;
-        let mut h = Hasher::new();
-        h.update(&bytes[..covered]);
-        if h.finish() != stored {
-            return Err(Error::Checksum("cache container header checksum does not match".into()));
-        }
+        r.checksum("cache container header")?;
         // checked after the checksum: a flipped bit there is damage, said as such
         if reserved != 0 {
             return corrupt("reserved container bytes are not zero");

@@ -39,7 +39,7 @@
 
 use crate::chunk::{ModelKind, LANES, LANES_V1};
 use crate::error::{corrupt, Error, Result};
-use crate::hash::{checksum, Hasher};
+use crate::hash::checksum;
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
 use crate::DType;
@@ -157,6 +157,16 @@ impl<'a> Reader<'a> {
     }
     pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    /// Reads a stored XXH3-64 and checks it against every byte before it; `what` names the
+    /// header in the error.
+    pub(crate) fn checksum(&mut self, what: &str) -> Result<()> {
+        let covered = self.pos;
+        let stored = self.u64()?;
+        if checksum(&self.bytes[..covered]) != stored {
+            return Err(Error::Checksum(format!("{what} checksum does not match")));
+        }
+        Ok(())
     }
 }
 
@@ -319,13 +329,7 @@ impl Header {
             let fingerprint = r.u64()?;
             chunks.push(ChunkEntry { offset, length, checksum, fingerprint });
         }
-        let covered = r.pos;
-        let stored = r.u64()?;
-        let mut h = Hasher::new();
-        h.update(&bytes[..covered]);
-        if h.finish() != stored {
-            return Err(Error::Checksum("header checksum does not match".into()));
-        }
+        r.checksum("header")?;
         // From here the header is what the encoder wrote; the checks below catch an encoder
         // (or a forger who recomputed the checksum) writing nonsense.
         params.validate().map_err(|m| Error::Corrupt(format!("model parameters: {m}")))?;
