@@ -167,7 +167,7 @@ impl<'py> PredictionArgs<'py> {
         }
         let sigma = SigmaCodes::broadcast(codes.as_slice(), &self.sigma_shape, &shape).map_err(to_py)?;
         let mu = self.mu.as_slice().map_err(|_| PyValueError::new_err("mu must be C-contiguous"))?;
-        Ok(Prediction { mu, sigma })
+        Ok(Prediction { mu, sigma, joint: None })
     }
 }
 

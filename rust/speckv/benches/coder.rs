@@ -57,7 +57,7 @@ fn benches(c: &mut Criterion) {
     let (rows, ch) = (4096, 256);
     let (x, mu, codes) = workload(rows, ch);
     let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
-    let pred = Prediction { mu: &mu, sigma };
+    let pred = Prediction { mu: &mu, sigma, joint: None };
     let shape = [rows as u64, ch as u64];
     let mut g = c.benchmark_group("kv_bf16");
     g.throughput(Throughput::Elements(x.len() as u64));

@@ -15,7 +15,7 @@ fn main() {
     let (x, mu, sig) = kv_workload(rows, channels);
     let codes: Vec<i16> = sig.iter().map(|&s| sigma_code(s).unwrap()).collect();
     let sigma = SigmaCodes::new(&codes, &[rows, channels], &[0, 1]).unwrap();
-    let pred = Prediction { mu: &mu, sigma };
+    let pred = Prediction { mu: &mu, sigma, joint: None };
     let shape = [rows as u64, channels as u64];
     let mut line = String::new();
     for threads in [1usize, 2] {

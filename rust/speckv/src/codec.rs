@@ -4,9 +4,11 @@ use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
 use crate::format::header::{
-    chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
+    chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS,
+    MAX_SCALARS,
 };
 use crate::hash::{checksum, Hasher};
+use crate::joint::{residuals, Joint};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
@@ -62,6 +64,53 @@ fn check_prediction(shape: &[u64], n: usize, prediction: &Prediction) -> Result<
         return invalid(format!("sigma: broadcast to {sigma_shape:?}, but x has shape {shape:?}"));
     }
     Ok(())
+}
+
+/// The joint model's checks against a stream of `n` scalars in chunks of `chunk`.
+fn check_joint(dtype: DType, n: usize, chunk: usize, prediction: Option<&Prediction>) -> Result<()> {
+    match prediction.and_then(|p| p.joint.as_ref()) {
+        Some(_) if dtype.bits() > 16 => invalid("joint: the joint model codes 8- and 16-bit formats only"),
+        Some(j) => j.check(n, chunk),
+        None => Ok(()),
+    }
+}
+
+/// Fingerprint of a jointly coded chunk: the plain one (mu and sigma codes) and the digest of
+/// each of its layers' joint parameters.
+fn joint_fingerprint(plain: u64, joint: &Joint, range: &std::ops::Range<usize>) -> u64 {
+    let mut h = Hasher::new();
+    h.update(&plain.to_le_bytes());
+    for layer in range.start / joint.layer_scalars()..range.end.div_ceil(joint.layer_scalars()) {
+        h.update(&joint.digest(layer).to_le_bytes());
+    }
+    h.finish()
+}
+
+/// Codes (or, with `decode`, decodes) a chunk of whole layers channel by channel, each
+/// channel's run of tokens against its conditional mu (`crate::joint`, invariant J1); `x`
+/// and `codes` are the chunk's, `mu` the whole tensor's. One pass serves both directions, so
+/// encoder and decoder cannot disagree on the order.
+fn joint_runs<W: Word>(
+    dtype: DType,
+    joint: &Joint,
+    x: &mut [W],
+    mu: &[f32],
+    start: usize,
+    mut code_run: impl FnMut(&mut [W], &[f32], std::ops::Range<usize>),
+) {
+    let (t, per_layer) = (joint.tokens, joint.layer_scalars());
+    let mut own = vec![0f32; per_layer];
+    let mut corrected = vec![0f32; t];
+    for local in (0..x.len()).step_by(per_layer) {
+        let layer = (start + local) / per_layer;
+        for i in 0..joint.channels {
+            let run = local + i * t..local + (i + 1) * t;
+            let base = &mu[start + run.start..start + run.end];
+            joint.conditional(layer, i, base, &own, &mut corrected);
+            code_run(&mut x[run.clone()], &corrected, run.clone());
+            residuals(dtype, &x[run], base, &mut own[i * t..(i + 1) * t]);
+        }
+    }
 }
 
 /// The options' checks and the layout facts shared by encode and ideal_bits.
@@ -195,6 +244,15 @@ fn code_chunk<W: Word, S: SymbolSink, const N: usize>(
     range: std::ops::Range<usize>,
 ) -> u64 {
     match prediction {
+        Some(p @ Prediction { joint: Some(joint), .. }) => with_codes(|codes| {
+            let plain = codes_and_fingerprint(&p.mu[range.clone()], &p.sigma, range.start, codes);
+            // the encoder's words are only read; `joint_runs` takes a slice it may write
+            let mut words = x[range.clone()].to_vec();
+            joint_runs(model.dtype, joint, &mut words, p.mu, range.start, |run_x, corrected, run| {
+                model.encode_predicted(lanes, run_x, corrected, &codes[run]);
+            });
+            joint_fingerprint(plain, joint, &range)
+        }),
         Some(p) => {
             let mu = &p.mu[range.clone()];
             with_codes(|codes| {
@@ -221,6 +279,7 @@ pub fn encode(
     let n = checked_scalars(x, dtype, shape, prediction)?;
     let model = stream_model(dtype, shape, options)?;
     let chunk = options.chunk_scalars as usize;
+    check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
     let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
@@ -235,6 +294,7 @@ pub fn encode(
         version: crate::format::FORMAT_VERSION,
         flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
             | if options.torch_hint { FLAG_TORCH_HINT } else { 0 }
+            | if prediction.is_some_and(|p| p.joint.is_some()) { FLAG_JOINT } else { 0 }
             | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast {
                 FLAG_FAST_MODEL
             } else {
@@ -281,6 +341,7 @@ pub fn ideal_bits(
     let n = checked_scalars(x, dtype, shape, prediction)?;
     let model = stream_model(dtype, shape, options)?;
     let chunk = options.chunk_scalars as usize;
+    check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = n.div_ceil(chunk);
     let per_chunk: Vec<f64> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
@@ -328,14 +389,22 @@ fn decode_words<W: Word, const N: usize>(
             Some(p) => {
                 let mu = &p.mu[start..start + piece.len()];
                 with_codes(|codes| {
-                    let fp = codes_and_fingerprint(mu, &p.sigma, start, codes);
+                    let mut fp = codes_and_fingerprint(mu, &p.sigma, start, codes);
+                    if let Some(joint) = &p.joint {
+                        fp = joint_fingerprint(fp, joint, &(start..start + piece.len()));
+                    }
                     if fp != header.chunks[i].fingerprint {
                         return Err(Error::PredictionMismatch(format!(
                             "the mu/sigma given differ from the encoder's (chunk {i}, scalars {start}..{})",
                             start + piece.len()
                         )));
                     }
-                    model.decode_predicted(&mut dec, piece, mu, codes);
+                    match &p.joint {
+                        Some(joint) => joint_runs(model.dtype, joint, piece, p.mu, start, |run_x, corrected, run| {
+                            model.decode_predicted(&mut dec, run_x, corrected, &codes[run]);
+                        }),
+                        None => model.decode_predicted(&mut dec, piece, mu, codes),
+                    }
                     Ok(())
                 })?
             }
@@ -413,7 +482,22 @@ pub fn decode_parsed(
         (false, Some(_)) => {
             return Err(Error::PredictionMismatch("the stream was coded without mu/sigma; give none to decode".into()))
         }
-        (_, Some(p)) => check_prediction(&header.shape, n, p)?,
+        (_, Some(p)) => {
+            check_prediction(&header.shape, n, p)?;
+            match (header.flags & FLAG_JOINT != 0, p.joint.is_some()) {
+                (true, false) => {
+                    return Err(Error::PredictionMismatch(
+                        "the stream was coded with a joint residual model; give the same to decode".into(),
+                    ))
+                }
+                (false, true) => {
+                    return Err(Error::PredictionMismatch(
+                        "the stream was coded without a joint residual model; give none to decode".into(),
+                    ))
+                }
+                _ => check_joint(header.dtype, n, header.chunk_scalars as usize, prediction)?,
+            }
+        }
         _ => {}
     }
     let model = StreamModel::new(

@@ -22,6 +22,7 @@ pub mod error;
 mod exact;
 pub mod format;
 pub mod hash;
+pub mod joint;
 pub mod model;
 pub mod parallel;
 pub mod prediction;

@@ -190,6 +190,9 @@ pub struct Prediction<'a> {
     /// format's grid is worth keeping (see `chunk`).
     pub mu: &'a [f32],
     pub sigma: SigmaCodes<'a>,
+    /// Channels coded jointly, each against a mu corrected by the residuals before it
+    /// (`crate::joint`); `None`: every scalar against its own `mu`.
+    pub joint: Option<crate::joint::Joint<'a>>,
 }
 
 /// Fills `codes` with the sigma code of each scalar `start..start + mu.len()` and returns the

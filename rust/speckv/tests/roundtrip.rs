@@ -44,7 +44,7 @@ fn predicted_bf16_round_trip(model: ModelKind) {
     let (x, mu, codes) = kv_like(rows, ch, 1);
     let shape = [rows as u64, ch as u64];
     let sigma = SigmaCodes::new(&codes, &[rows, ch], &[0, 1]).unwrap();
-    let pred = Prediction { mu: &mu, sigma };
+    let pred = Prediction { mu: &mu, sigma, joint: None };
     let mut opts = EncodeOptions { chunk_scalars: 20_000, model, ..Default::default() };
     let one = encode(Bits::U16(&x), DType::BFloat16, &shape, Some(&pred), &opts).unwrap();
     opts.threads = 3;
@@ -111,7 +111,7 @@ fn predictor_free_round_trips_every_dtype() {
 fn small_stream(model: ModelKind) -> (Vec<u8>, Vec<u16>, Vec<f32>, Vec<i16>) {
     let (x, mu, codes) = kv_like(20, 16, 5);
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-    let pred = Prediction { mu: &mu, sigma };
+    let pred = Prediction { mu: &mu, sigma, joint: None };
     let opts = EncodeOptions { chunk_scalars: 100, model, ..Default::default() };
     let s = encode(Bits::U16(&x), DType::BFloat16, &[20, 16], Some(&pred), &opts).unwrap();
     (s, x, mu, codes)
@@ -127,7 +127,7 @@ fn every_bit_flip_and_truncation_is_reported() {
 
 fn flips_and_truncations(stream: Vec<u8>, x: Vec<u16>, mu: Vec<f32>, codes: Vec<i16>) {
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-    let pred = Prediction { mu: &mu, sigma };
+    let pred = Prediction { mu: &mu, sigma, joint: None };
     let mut out = vec![0u16; x.len()];
     for byte in 0..stream.len() {
         for bit in 0..8 {
@@ -155,7 +155,7 @@ fn perturbed_prediction_is_a_mismatch() {
     let (stream, x, mut mu, codes) = small_stream(ModelKind::Exact);
     mu[77] += 0.25;
     let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-    let pred = Prediction { mu: &mu, sigma };
+    let pred = Prediction { mu: &mu, sigma, joint: None };
     let mut out = vec![0u16; x.len()];
     let err = decode_into(&stream, BitsMut::U16(&mut out), Some(&pred), 1).unwrap_err();
     assert!(matches!(err, Error::PredictionMismatch(_)), "{err}");
@@ -175,7 +175,7 @@ fn forged_headers_never_panic() {
         let h = info(&stream).unwrap();
         let len = header_len(h.shape.len(), h.chunks.len());
         let sigma = SigmaCodes::new(&codes, &[20, 16], &[0, 1]).unwrap();
-        let pred = Prediction { mu: &mu, sigma };
+        let pred = Prediction { mu: &mu, sigma, joint: None };
         let mut out = vec![0u16; x.len()];
         let mut rng = Rng(77);
         for _ in 0..20_000 {

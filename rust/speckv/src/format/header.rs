@@ -4,7 +4,8 @@
 //! offset  size        field
 //! 0       4           magic "SPKV"
 //! 4       2           format version (2; version 1 is read too, see below)
-//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL; others 0)
+//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL, FLAG_JOINT;
+//!                     others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
 //! 10      1           coder lanes per chunk (8)
@@ -55,7 +56,10 @@ pub const FLAG_TORCH_HINT: u16 = 1 << 1;
 /// Predicted scalars use the ordinal-residual tables (`ModelKind::Fast`); float32 streams
 /// always do. Without it, 8/16-bit formats use the value-space mixture (`ModelKind::Exact`).
 pub const FLAG_FAST_MODEL: u16 = 1 << 2;
-const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL;
+/// Predicted scalars were coded with the joint residual model (`crate::joint`): whole layers,
+/// channel-major, each channel against a mu corrected by the residuals coded before it.
+pub const FLAG_JOINT: u16 = 1 << 3;
+const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT;
 
 const FIXED_LEN: usize = 24;
 const MODEL_PARAMS_LEN: usize = 16;
@@ -315,6 +319,9 @@ impl Header {
             return corrupt("truncated: the chunk index runs past the end");
         }
         let dtype = DType::from_code(dtype_code)?;
+        if flags & FLAG_JOINT != 0 && (flags & FLAG_PREDICTED == 0 || dtype.bits() > 16) {
+            return corrupt("the joint model codes predicted 8/16-bit streams only");
+        }
         if flags & FLAG_PREDICTED != 0 && dtype.bits() > 16 && flags & FLAG_FAST_MODEL == 0 {
             return corrupt("float32 streams are coded with the fast model, but the flag is missing");
         }

@@ -39,6 +39,13 @@ fn value_of(dtype: DType, bits: u32) -> f64 {
     sign * magnitude
 }
 
+/// The value of `bits` as float32 (exact: every 8/16-bit value is a float32), `None` where the
+/// pattern is not finite.
+pub(crate) fn finite_value(dtype: DType, bits: u32) -> Option<f32> {
+    let magnitude = bits & !(1 << (dtype.bits() - 1));
+    (magnitude <= max_finite_magnitude(dtype)).then(|| value_of(dtype, bits) as f32)
+}
+
 /// Largest finite magnitude pattern: just below the all-ones exponent, except for e4m3fn,
 /// which uses that exponent for normal numbers and keeps only all-ones for NaN.
 fn max_finite_magnitude(dtype: DType) -> u32 {

@@ -1,0 +1,149 @@
+//! The joint residual model: exact round trips on correlated residuals, the same bytes on any
+//! thread count, fewer bits than coding each scalar alone, and refusal of other parameters.
+
+use speckv::codec::EncodeOptions;
+use speckv::joint::Joint;
+use speckv::model::ladder::sigma_code;
+use speckv::{
+    decode_chunks_into, decode_into, encode, ideal_bits, Bits, BitsMut, DType, Error, Prediction, SigmaCodes,
+};
+
+mod common;
+
+use common::{bf16, Rng};
+
+const LAYERS: usize = 3;
+const CHANNELS: usize = 6;
+const TOKENS: usize = 40;
+
+/// Residuals driven by one shared factor per token (so channels are correlated), channel-major
+/// per layer; the exact conditional model of channel i given channel 0 is `e_i = w_i e_0 + noise`.
+struct Case {
+    x: Vec<u16>,
+    mu: Vec<f32>,
+    codes: Vec<i16>,
+    coef: Vec<f32>,
+    offset: Vec<f32>,
+    plain_codes: Vec<i16>,
+}
+
+fn case(seed: u64) -> Case {
+    let mut rng = Rng(seed);
+    let n = LAYERS * CHANNELS * TOKENS;
+    let (mut x, mut mu) = (vec![0u16; n], vec![0f32; n]);
+    let weights: Vec<f32> = (0..CHANNELS).map(|i| 1.0 - 0.3 * i as f32).collect();
+    for layer in 0..LAYERS {
+        let factor: Vec<f32> = (0..TOKENS).map(|_| rng.normal() * 0.1).collect();
+        for c in 0..CHANNELS {
+            for t in 0..TOKENS {
+                let k = (layer * CHANNELS + c) * TOKENS + t;
+                mu[k] = rng.normal();
+                x[k] = bf16(mu[k] + weights[c] * factor[t] + 0.01 * rng.normal());
+            }
+        }
+    }
+    // channel 0 explains the rest: a[i][0] = w_i / w_0 (no outside channels)
+    let mut coef = vec![0f32; LAYERS * CHANNELS * CHANNELS];
+    for layer in 0..LAYERS {
+        for i in 1..CHANNELS {
+            coef[(layer * CHANNELS + i) * CHANNELS] = weights[i] / weights[0];
+        }
+    }
+    let conditional = [sigma_code(0.1).unwrap()].into_iter().chain((1..CHANNELS).map(|_| sigma_code(0.012).unwrap()));
+    let codes: Vec<i16> = conditional.collect();
+    let plain_codes = (0..CHANNELS).map(|c| sigma_code(0.1 * weights[c].abs().max(0.1)).unwrap()).collect();
+    Case { x, mu, codes, coef, offset: vec![0.0; LAYERS * CHANNELS], plain_codes }
+}
+
+fn joint(c: &Case) -> Joint<'_> {
+    Joint { channels: CHANNELS, tokens: TOKENS, outside_channels: 0, outside: &[], coef: &c.coef, offset: &c.offset }
+}
+
+const SHAPE: [u64; 3] = [LAYERS as u64, CHANNELS as u64, TOKENS as u64];
+const SIGMA_SHAPE: [usize; 3] = [LAYERS, CHANNELS, TOKENS];
+
+fn sigma(codes: &[i16]) -> SigmaCodes<'_> {
+    SigmaCodes::broadcast(codes, &[CHANNELS, 1], &SIGMA_SHAPE).unwrap()
+}
+
+#[test]
+fn joint_streams_round_trip_on_any_thread_count_and_cost_less() {
+    let c = case(1);
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(joint(&c)) };
+    let mut opts = EncodeOptions { chunk_scalars: (CHANNELS * TOKENS) as u32, ..Default::default() };
+    let one = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    opts.threads = 3;
+    assert_eq!(encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap(), one);
+    for threads in [1, 2, 3] {
+        let mut out = vec![0u16; c.x.len()];
+        decode_into(&one, BitsMut::U16(&mut out), Some(&pred), threads).unwrap();
+        assert_eq!(out, c.x);
+    }
+    // one layer alone
+    let mut layer = vec![0u16; CHANNELS * TOKENS];
+    decode_chunks_into(&one, BitsMut::U16(&mut layer), Some(&pred), 1, Some(2..3)).unwrap();
+    assert_eq!(layer, c.x[2 * CHANNELS * TOKENS..]);
+    // against the same data coded scalar by scalar with per-channel sigma
+    let plain = Prediction { mu: &c.mu, sigma: sigma(&c.plain_codes), joint: None };
+    let joint_bits = ideal_bits(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    let plain_bits = ideal_bits(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&plain), &opts).unwrap();
+    assert!(joint_bits < 0.8 * plain_bits, "{joint_bits} vs {plain_bits}");
+}
+
+#[test]
+fn other_parameters_and_missing_models_are_refused() {
+    let c = case(2);
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(joint(&c)) };
+    let opts = EncodeOptions { chunk_scalars: (CHANNELS * TOKENS) as u32, ..Default::default() };
+    let data = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    let mut out = vec![0u16; c.x.len()];
+    let mut other = c.coef.clone();
+    other[CHANNELS * CHANNELS + CHANNELS] += 0.5; // layer 1, channel 1
+    let wrong = Prediction { joint: Some(Joint { coef: &other, ..joint(&c) }), ..pred.clone() };
+    let r = decode_into(&data, BitsMut::U16(&mut out), Some(&wrong), 1);
+    assert!(matches!(r, Err(Error::PredictionMismatch(m)) if m.contains("chunk 1")));
+    let none = Prediction { joint: None, ..pred.clone() };
+    assert!(matches!(decode_into(&data, BitsMut::U16(&mut out), Some(&none), 1), Err(Error::PredictionMismatch(_))));
+    let plain = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&none), &opts).unwrap();
+    assert!(matches!(decode_into(&plain, BitsMut::U16(&mut out), Some(&pred), 1), Err(Error::PredictionMismatch(_))));
+    // chunks that split a layer, arrays of the wrong size, float32
+    let split = EncodeOptions { chunk_scalars: (CHANNELS * TOKENS / 2) as u32, ..Default::default() };
+    let r = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &split);
+    assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("whole layers")));
+    let short = Prediction { joint: Some(Joint { offset: &c.offset[1..], ..joint(&c) }), ..pred.clone() };
+    assert!(matches!(
+        encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&short), &opts),
+        Err(Error::InvalidArgument(_))
+    ));
+    let words: Vec<u32> = c.mu.iter().map(|m| m.to_bits()).collect();
+    assert!(matches!(
+        encode(Bits::U32(&words), DType::Float32, &SHAPE, Some(&pred), &opts),
+        Err(Error::InvalidArgument(m)) if m.contains("8- and 16-bit")
+    ));
+}
+
+#[test]
+fn outside_channels_condition_the_stream() {
+    // the "values" stream conditioned on the "keys" residuals given from outside
+    let c = case(3);
+    let mut rng = Rng(30);
+    let outside: Vec<f32> = (0..LAYERS * TOKENS).map(|_| rng.normal() * 0.1).collect();
+    let mut coef = vec![0f32; LAYERS * CHANNELS * (CHANNELS + 1)];
+    for (k, v) in coef.iter_mut().enumerate() {
+        *v = ((k % 7) as f32 - 3.0) * 0.01;
+    }
+    let j = Joint {
+        channels: CHANNELS,
+        tokens: TOKENS,
+        outside_channels: 1,
+        outside: &outside,
+        coef: &coef,
+        offset: &c.offset,
+    };
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(j) };
+    let opts = EncodeOptions { chunk_scalars: (2 * CHANNELS * TOKENS) as u32, ..Default::default() };
+    let data = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    let mut out = vec![0u16; c.x.len()];
+    decode_into(&data, BitsMut::U16(&mut out), Some(&pred), 2).unwrap();
+    assert_eq!(out, c.x);
+}
