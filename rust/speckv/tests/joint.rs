@@ -34,11 +34,11 @@ fn case(seed: u64) -> Case {
     let weights: Vec<f32> = (0..CHANNELS).map(|i| 1.0 - 0.3 * i as f32).collect();
     for layer in 0..LAYERS {
         let factor: Vec<f32> = (0..TOKENS).map(|_| rng.normal() * 0.1).collect();
-        for c in 0..CHANNELS {
-            for t in 0..TOKENS {
+        for (c, w) in weights.iter().enumerate() {
+            for (t, f) in factor.iter().enumerate() {
                 let k = (layer * CHANNELS + c) * TOKENS + t;
                 mu[k] = rng.normal();
-                x[k] = bf16(mu[k] + weights[c] * factor[t] + 0.01 * rng.normal());
+                x[k] = bf16(mu[k] + w * f + 0.01 * rng.normal());
             }
         }
     }
