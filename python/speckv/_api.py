@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -12,6 +13,40 @@ from . import _arrays, _speckv
 THREADS_ENV = "SPECKV_NUM_THREADS"
 
 Model = Literal["exact", "fast"]
+
+
+@dataclass(frozen=True)
+class Joint:
+    """The joint residual model of one stream (the maths and its exactness rule are in
+    ``rust/speckv/src/joint.rs``): the tensor is whole layers of ``channels`` x ``tokens``
+    scalars, channel-major, and channel ``i`` of a token is coded against ``mu`` plus
+    ``offset[i]`` plus ``coef[i]`` times the residuals coded before it (the ``outside``
+    channels, then channels ``0..i``). Chunks must hold whole layers.
+
+    ``coef``: ``[layers, channels, outside_channels + channels]``; ``offset``: ``[layers,
+    channels]``; ``outside``: ``[layers, outside_channels, tokens]`` residuals (``residuals``)
+    or None."""
+
+    channels: int
+    tokens: int
+    coef: Any
+    offset: Any
+    outside: Any = None
+
+    def args(self) -> tuple[Any, ...]:
+        flat = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (self.coef, self.offset)]
+        outside = np.zeros(0, np.float32) if self.outside is None else np.asarray(self.outside, np.float32)
+        width = np.shape(self.coef)[-1] if np.ndim(self.coef) else 0
+        e = int(width) - int(self.channels)
+        return (int(self.channels), int(self.tokens), e, np.ascontiguousarray(outside).reshape(-1), *flat)
+
+
+def residuals(x: Any, mu: Any) -> np.ndarray:
+    """``value(x) - mu`` per scalar in float32 (0 where not finite), flat: what the joint model
+    conditions on, computed in Rust so encoder and decoder agree."""
+    x_np, name = _target(x)
+    mu_np = np.ascontiguousarray(_arrays.to_numpy(mu), dtype=np.float32).reshape(-1)
+    return _speckv.residuals(_arrays.words_of(x_np, name).reshape(-1), name, mu_np)
 
 
 def _check_model(model: str) -> str:
@@ -108,6 +143,7 @@ def encode(
     threads: int | None = None,
     chunk_size: int | None = None,
     model: Model = "exact",
+    joint: Joint | None = None,
 ) -> bytes:
     """Compress `x` losslessly, against the prediction `mu` with typical error `sigma` if given.
 
@@ -136,6 +172,7 @@ def encode(
         chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
         torch_hint=_arrays.is_torch(x),
         model=_check_model(model),
+        joint=None if joint is None else joint.args(),
     )
 
 
@@ -176,6 +213,7 @@ def decode(
     sigma_codes: Any = None,
     threads: int | None = None,
     chunks: tuple[int, int] | range | None = None,
+    joint: Joint | None = None,
 ) -> Any:
     """Decompress a stream from `encode`, bit for bit, with the same `mu` and `sigma` (or
     ``sigma_codes``).
@@ -200,6 +238,7 @@ def decode(
         *_prediction(mu, sigma, sigma_codes),
         threads=resolve_threads(threads),
         chunks=span,
+        joint=None if joint is None else joint.args(),
     )
     out = words.view(_arrays.numpy_dtype(meta["dtype"]))
     if span is None:
@@ -212,12 +251,23 @@ def decode(
     return out
 
 
-def ideal_bits(x: Any, mu: Any = None, sigma: Any = None, *, sigma_codes: Any = None, model: Model = "exact") -> float:
+def ideal_bits(
+    x: Any,
+    mu: Any = None,
+    sigma: Any = None,
+    *,
+    sigma_codes: Any = None,
+    model: Model = "exact",
+    joint: Joint | None = None,
+    chunk_size: int | None = None,
+) -> float:
     """Bits a perfect coder would spend on `x` under exactly the model `encode` uses (payload
     only; headers and coder overhead excluded), so `8 * len(encode(...)) / ideal_bits(...)`
     is the real coder's overhead."""
     return _speckv.ideal_bits(
         *_coding_args(x, mu, sigma, sigma_codes),
         threads=resolve_threads(None),
+        chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
         model=_check_model(model),
+        joint=None if joint is None else joint.args(),
     )

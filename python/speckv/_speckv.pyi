@@ -20,6 +20,10 @@ _Words = npt.NDArray[np.uint8] | npt.NDArray[np.uint16] | npt.NDArray[np.uint32]
 
 _Sigma = npt.NDArray[np.float32] | npt.NDArray[np.int16]
 
+# (channels, tokens, outside_channels, outside, coef, offset)
+_F32 = npt.NDArray[np.float32]
+_Joint = tuple[int, int, int, _F32, _F32, _F32]
+
 def encode(
     x: _Words,
     dtype_name: str,
@@ -33,6 +37,7 @@ def encode(
     torch_hint: bool = False,
     model: str = "exact",
     weights: tuple[int, int, int] | None = None,
+    joint: _Joint | None = None,
 ) -> bytes: ...
 def ideal_bits(
     x: _Words,
@@ -46,6 +51,7 @@ def ideal_bits(
     chunk_scalars: int = ...,
     model: str = "exact",
     weights: tuple[int, int, int] | None = None,
+    joint: _Joint | None = None,
 ) -> float: ...
 def decode(
     data: npt.NDArray[np.uint8],
@@ -55,6 +61,7 @@ def decode(
     sigma_shape: list[int] | None = None,
     threads: int = 1,
     chunks: tuple[int, int] | None = None,
+    joint: _Joint | None = None,
 ) -> tuple[_Words, dict[str, Any]]: ...
 def info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...
 def sigma_codes(sigma: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]: ...
@@ -76,3 +83,4 @@ def container_write(
     streams: list[bytes],
 ) -> bytes: ...
 def container_info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...
+def residuals(x: _Words, dtype_name: str, mu: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...

@@ -171,6 +171,32 @@ impl<'py> PredictionArgs<'py> {
     }
 }
 
+/// `(channels, tokens, outside_channels, outside, coef, offset)`: the joint residual model's
+/// arguments (`speckv::joint::Joint`), float32 arrays flat.
+type JointArgs<'py> =
+    (usize, usize, usize, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>);
+
+/// `prediction` with the joint model of `joint` (borrowing its arrays), if any.
+fn with_joint<'a>(prediction: Option<Prediction<'a>>, joint: &'a Option<JointArgs<'_>>) -> PyResult<Option<Prediction<'a>>> {
+    let (Some(mut p), Some((channels, tokens, outside_channels, outside, coef, offset))) = (prediction.clone(), joint)
+    else {
+        if joint.is_some() {
+            return Err(SpeckvError::new_err("joint: the joint model needs mu and sigma"));
+        }
+        return Ok(prediction);
+    };
+    let contiguous = |_| PyValueError::new_err("joint: arrays must be C-contiguous");
+    p.joint = Some(speckv::joint::Joint {
+        channels: *channels,
+        tokens: *tokens,
+        outside_channels: *outside_channels,
+        outside: outside.as_slice().map_err(contiguous)?,
+        coef: coef.as_slice().map_err(contiguous)?,
+        offset: offset.as_slice().map_err(contiguous)?,
+    });
+    Ok(Some(p))
+}
+
 fn options(
     threads: usize,
     chunk_scalars: u32,
@@ -197,7 +223,7 @@ fn mismatch_error(m: String) -> PyErr {
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None, joint=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode<'py>(
     py: Python<'py>,
@@ -213,6 +239,7 @@ fn encode<'py>(
     torch_hint: bool,
     model: &str,
     weights: Option<(u16, u16, u16)>,
+    joint: Option<JointArgs<'py>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
@@ -222,6 +249,7 @@ fn encode<'py>(
         (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
         _ => None,
     };
+    let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
     let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model, weights)? };
     let stream =
@@ -231,7 +259,7 @@ fn encode<'py>(
 
 /// Ideal code length in bits under exactly the model `encode` uses.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None, joint=None))]
 #[allow(clippy::too_many_arguments)]
 fn ideal_bits<'py>(
     py: Python<'py>,
@@ -246,6 +274,7 @@ fn ideal_bits<'py>(
     chunk_scalars: u32,
     model: &str,
     weights: Option<(u16, u16, u16)>,
+    joint: Option<JointArgs<'py>>,
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
@@ -255,6 +284,7 @@ fn ideal_bits<'py>(
         (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
         _ => None,
     };
+    let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
     let opts = options(threads, chunk_scalars, model, weights)?;
     py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
@@ -264,7 +294,7 @@ fn ideal_bits<'py>(
 /// flat output words, decodes into them with the GIL released. Returns `(words, info)`, with
 /// `info` as `speckv.info` gives it.
 #[pyfunction]
-#[pyo3(signature = (data, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunks=None))]
+#[pyo3(signature = (data, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunks=None, joint=None))]
 #[allow(clippy::too_many_arguments)]
 fn decode<'py>(
     py: Python<'py>,
@@ -275,6 +305,7 @@ fn decode<'py>(
     sigma_shape: Option<Vec<usize>>,
     threads: usize,
     chunks: Option<(usize, usize)>,
+    joint: Option<JointArgs<'py>>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
     let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
@@ -284,6 +315,7 @@ fn decode<'py>(
         (Some(a), Some(c)) => Some(a.prediction(c, &header.shape, mismatch_error)?),
         _ => None,
     };
+    let prediction = with_joint(prediction, &joint)?;
     let range = chunks.map(|(a, b)| a..b);
     let n = speckv::decoded_len(&header, range.clone()).map_err(to_py)?;
     macro_rules! run {
@@ -455,6 +487,32 @@ fn relative_sigma_codes<'py>(
     Ok(PyArray1::from_vec(py, codes))
 }
 
+/// `value(x) - mu` per scalar in float32, 0 where not finite: the residuals the joint model
+/// conditions on (`speckv::joint::residuals`), computed here so that encoder and decoder use
+/// the same ones.
+#[pyfunction]
+fn residuals<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    dtype_name: &str,
+    mu: PyReadonlyArray1<'py, f32>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let dtype = dtype(dtype_name)?;
+    let words = Words::extract(x, "x")?;
+    let bits = words.bits("x")?;
+    let mu = mu.as_slice().map_err(|_| PyValueError::new_err("mu must be C-contiguous"))?;
+    if bits.len() != mu.len() || bits.width_bits() != dtype.bits() {
+        return Err(SpeckvError::new_err(format!("residuals: {} words of x for {} values of mu", bits.len(), mu.len())));
+    }
+    let mut out = vec![0f32; mu.len()];
+    py.allow_threads(|| match bits {
+        Bits::U8(x) => speckv::joint::residuals(dtype, x, mu, &mut out),
+        Bits::U16(x) => speckv::joint::residuals(dtype, x, mu, &mut out),
+        Bits::U32(x) => speckv::joint::residuals(dtype, x, mu, &mut out),
+    });
+    Ok(PyArray1::from_vec(py, out))
+}
+
 /// Which kernels code the exact model here: "avx2" or "portable" (same bytes either way).
 #[pyfunction]
 fn kernels() -> &'static str {
@@ -472,6 +530,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(relative_sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add_function(wrap_pyfunction!(container_write, m)?)?;
+    m.add_function(wrap_pyfunction!(residuals, m)?)?;
     m.add_function(wrap_pyfunction!(container_info, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
