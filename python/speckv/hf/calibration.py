@@ -19,6 +19,10 @@ from .predictors import FP8_MAX, Predictor, describe
 CALIBRATION_FORMAT = 1
 # safetensors names of a learned predictor's tensors in a calibration file
 PREDICTOR_PREFIX = "predictor."
+# ... and of the joint residual model's ("joint.<mode>.<name>")
+JOINT_PREFIX = "joint."
+# Shrinkage of the residual covariances toward their diagonal (see JointFit).
+JOINT_SHRINKAGE = 0.05
 
 
 class CalibrationMismatchError(PredictionMismatchError):
@@ -73,6 +77,10 @@ class Calibration:
     predictor_state: dict[str, torch.Tensor] = field(default_factory=dict)
     sigma_rel: torch.Tensor | None = None
     sigma_rel_fp8: torch.Tensor | None = None
+    # the joint residual model per storage mode ("bf16", "fp8"; see JointFit): "coef"
+    # [layers, C, C] (C = 2 x heads x dim: a layer's K channels then its V channels, strictly
+    # lower-triangular), "offset" [layers, C], "sigma" [layers, 2, heads, dim] (conditional)
+    joint: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     # digest() hashes every tensor (the maps are megabytes) and is asked for on every
     # compress and decompress: computed once. A Calibration is not to be changed in place.
     _digest: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -97,6 +105,10 @@ class Calibration:
         for name in sorted(self.predictor_state):
             h.update(name.encode())
             h.update(self.predictor_state[name].float().contiguous().numpy().tobytes())
+        for mode in sorted(self.joint):
+            for name in sorted(self.joint[mode]):
+                h.update(f"joint.{mode}.{name}".encode())
+                h.update(self.joint[mode][name].float().contiguous().numpy().tobytes())
         h.update(json.dumps(self.metadata, sort_keys=True).encode())
         return h.hexdigest()
 
@@ -114,6 +126,9 @@ class Calibration:
                 tensors[name] = t.float().contiguous()
         for name, t in self.predictor_state.items():
             tensors[PREDICTOR_PREFIX + name] = t.float().contiguous()
+        for mode, parts in self.joint.items():
+            for name, t in parts.items():
+                tensors[f"{JOINT_PREFIX}{mode}.{name}"] = t.float().contiguous()
         save_file(tensors, path, metadata={"speckv": json.dumps(self.metadata, sort_keys=True)})
 
     @classmethod
@@ -128,6 +143,11 @@ class Calibration:
         if meta.get("format") != CALIBRATION_FORMAT:
             raise CalibrationMismatchError(f"{path}: not a speckv calibration (format {meta.get('format')!r})")
         state = {k[len(PREDICTOR_PREFIX) :]: v for k, v in tensors.items() if k.startswith(PREDICTOR_PREFIX)}
+        joint: dict[str, dict[str, torch.Tensor]] = {}
+        for k, v in tensors.items():
+            if k.startswith(JOINT_PREFIX):
+                mode, name = k[len(JOINT_PREFIX) :].split(".", 1)
+                joint.setdefault(mode, {})[name] = v
         cal = cls(
             tensors["sigma"],
             tensors["sigma_fp8"],
@@ -137,6 +157,7 @@ class Calibration:
             state,
             tensors.get("sigma_rel"),
             tensors.get("sigma_rel_fp8"),
+            joint,
         )
         if model is not None:
             cal.check(model_fingerprint(model), predictor)
@@ -163,6 +184,7 @@ def calibrate(
     source: str = "",
     progress: bool = False,
     producer: Callable[[Any, torch.Tensor], KV] | None = None,
+    joint: bool = True,
 ) -> Calibration:
     """Measures a Calibration from prompts (``input_ids`` tensors of shape ``[1, seq]``).
 
@@ -172,7 +194,8 @@ def calibrate(
     default is ``other_kernels`` instead, so that the sigmas of those layers describe a cache
     made under other kernels (the usual case: another machine or engine made the cache)
     rather than the exact agreement of identical kernels, which would leave no room for a
-    single differing bit.
+    single differing bit. ``joint``: also fit the joint residual model (``JointFit``) for the
+    layers whose sigma is not relative.
     """
     from .. import __version__
     from .layerwise import is_layerwise, walk
@@ -220,8 +243,11 @@ def calibrate(
     # layers predicted by the model's own computation get a relative part of sigma
     relative = range(int(getattr(predictor, "layers", 0))) if callable(getattr(predictor, "prefix", None)) else range(0)
     rel = {v: _RelativeFit(len(relative), heads, dim) for v in ("bf16", "fp8")} if relative else {}
+    joint_layers = [layer for layer in range(n_layers) if layer not in relative] if joint else []
+    fits_joint = {v: JointFit(n_layers, heads, dim) for v in ("bf16", "fp8")} if joint_layers else {}
     for i, true in enumerate(truths):
         for layer, pair in enumerate(true):
+            errors: dict[str, list[torch.Tensor]] = {"bf16": [], "fp8": []}
             for kv, t in enumerate(pair):
                 s = float(scales[layer, kv])
                 t64 = t.double()
@@ -233,6 +259,11 @@ def calibrate(
                 if layer in relative:
                     rel["bf16"].add(layer, kv, t64 - p, p)
                     rel["fp8"].add(layer, kv, q - p8, p8)
+                errors["bf16"].append(t64 - p)
+                errors["fp8"].append(q - p8)
+            if layer in joint_layers:
+                for v, fit in fits_joint.items():
+                    fit.add(layer, *errors[v])
     sigma = (sq / count).sqrt().float()
     sigma_fp8 = (sq8 / count).sqrt().float()
     sigma_rel = sigma_rel_fp8 = None
@@ -252,6 +283,8 @@ def calibrate(
         "source": source,
     }
     metadata["producer"] = getattr(producer, "__name__", type(producer).__name__)
+    if joint_layers:
+        metadata["joint"] = {"layers": joint_layers, "shrinkage": JOINT_SHRINKAGE}
     state_dict = getattr(predictor, "state_dict", None)
     return Calibration(
         sigma=sigma,
@@ -262,7 +295,62 @@ def calibrate(
         predictor_state=dict(state_dict()) if fits and callable(state_dict) else {},
         sigma_rel=sigma_rel,
         sigma_rel_fp8=sigma_rel_fp8,
+        joint={v: fit.solve(joint_layers, JOINT_SHRINKAGE) for v, fit in fits_joint.items()},
     )
+
+
+class JointFit:
+    """The joint residual model of each layer: the residuals of a token's K channels then V
+    channels (``C = 2 x heads x dim``, channel ``(kv, h, d)`` at ``kv*H*D + h*D + d``) as one
+    Gaussian vector, its covariance shrunk toward the diagonal (``(1-l) S + l diag(S)``, ``l`` the
+    larger of ``shrinkage`` and ``2 C / tokens``), then
+    each channel's conditional mean given the channels before it and its conditional sigma:
+    from the Cholesky factor ``S = L L^T``, with ``L1 = L / diag(L)``, the coefficients are
+    ``I - L1^-1`` (strictly lower) and the sigmas ``diag(L)``. The mean residual is kept as
+    an offset: ``mu' = mu + (b_i - sum_j a_ij b_j) + sum_j a_ij e_j``."""
+
+    def __init__(self, layers: int, heads: int, dim: int) -> None:
+        c = 2 * heads * dim
+        self.heads, self.dim = heads, dim
+        self.gram = torch.zeros(layers, c, c, dtype=torch.float64)
+        self.sum = torch.zeros(layers, c, dtype=torch.float64)
+        self.n = torch.zeros(layers, dtype=torch.float64)
+
+    def add(self, layer: int, k_error: torch.Tensor, v_error: torch.Tensor) -> None:
+        """One prompt's residuals of a layer, ``[batch, heads, tokens, dim]`` each."""
+        rows = [e.permute(0, 2, 1, 3).reshape(-1, self.heads * self.dim) for e in (k_error, v_error)]
+        e = torch.cat(rows, dim=1).double()
+        self.gram[layer] += e.T @ e
+        self.sum[layer] += e.sum(dim=0)
+        self.n[layer] += e.shape[0]
+
+    def solve(self, layers: list[int], shrinkage: float) -> dict[str, torch.Tensor]:
+        n_layers, c, _ = self.gram.shape
+        coef = torch.zeros(n_layers, c, c, dtype=torch.float64)
+        offset = torch.zeros(n_layers, c, dtype=torch.float64)
+        sigma = torch.zeros(n_layers, c, dtype=torch.float64)
+        eye = torch.eye(c, dtype=torch.float64)
+        for layer in layers:
+            n = float(self.n[layer].clamp(min=1))
+            mean = self.sum[layer] / n
+            cov = self.gram[layer] / n - torch.outer(mean, mean)
+            diag = cov.diagonal().clamp(min=1e-12)
+            # few tokens per channel: a sample covariance overfits, so shrink harder
+            lam = min(1.0, max(shrinkage, 2 * c / n))
+            cov = (1 - lam) * cov + lam * torch.diag(diag)
+            chol = torch.linalg.cholesky(cov + 1e-12 * eye)
+            d = chol.diagonal()
+            unit = chol / d[None, :]
+            a = eye - torch.linalg.solve_triangular(unit, eye, upper=False, unitriangular=True)
+            a = torch.tril(a, diagonal=-1)
+            coef[layer] = a
+            offset[layer] = mean - a @ mean
+            sigma[layer] = d
+        return {
+            "coef": coef.float(),
+            "offset": offset.float(),
+            "sigma": sigma.reshape(n_layers, 2, self.heads, self.dim).float(),
+        }
 
 
 class _RelativeFit:

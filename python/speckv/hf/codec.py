@@ -99,6 +99,32 @@ def _tokens(job: tuple[Any, Any, Any], start: int, stop: int) -> tuple[Any, Any,
     return (x[:, :, start:stop] if x is not None else None), mu[:, :, start:stop], codes
 
 
+def _runs(layers: list[int]) -> list[tuple[int, int]]:
+    """Each layer asked for as its own run ``(layer, layer + 1)``."""
+    return [(layer, layer + 1) for layer in layers]
+
+
+def _joint_key(mode: str) -> str:
+    """The calibration's joint model for a storage mode: fp8's own; the 16-bit modes share
+    bf16's (fp16 values differ from bf16's by less than the residuals)."""
+    return "fp8" if mode == "fp8" else "bf16"
+
+
+def _joint_layers(cal: Calibration) -> set[int]:
+    """Layers the calibration has a joint residual model for."""
+    if not cal.joint:
+        return set()
+    return {int(layer) for layer in cal.metadata.get("joint", {}).get("layers", [])}
+
+
+def _channel_major(job: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """One layer's (x, mu, codes) ``[batch, heads, tokens, dim]`` as ``[batch, heads, dim,
+    tokens]``: the joint model codes a channel's tokens one after another."""
+    x, mu, codes = job
+    x = x.transpose(-1, -2) if x is not None else None
+    return x, mu.transpose(-1, -2), np.swapaxes(codes, -1, -2)
+
+
 def _wanted(layers: list[int] | None, n_layers: int) -> list[int]:
     wanted = list(range(n_layers)) if layers is None else list(layers)
     for layer in wanted:
@@ -137,8 +163,12 @@ class SpeculativeCodec:
         predictor: Predictor | None = None,
         *,
         fingerprint: str | None = None,
+        joint: bool = True,
     ) -> None:
         self.model = model
+        # code with the calibration's joint residual model where it has one (decoders follow
+        # what the container says)
+        self.joint = joint
         self.predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
@@ -198,38 +228,43 @@ class SpeculativeCodec:
             return pred.float() / float(self._calibration().fp8_scales[layer, kv])
         return pred.float()
 
-    def _sigma_parts(self, mode: str, layer: int, kv: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sigma_parts(
+        self, mode: str, layer: int, kv: int, joint: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-channel ``[heads, dim]`` sigma (floored) and relative sigma (None if none)."""
         cal = self._calibration()
         sigma, rel = (cal.sigma_fp8, cal.sigma_rel_fp8) if mode == "fp8" else (cal.sigma, cal.sigma_rel)
+        if joint and layer in _joint_layers(cal):
+            # the conditional sigma given the channels coded before (JointFit)
+            sigma = cal.joint[_joint_key(mode)]["sigma"]
         r = rel[layer, kv].float() if rel is not None and bool(rel[layer, kv].any()) else None
         return sigma[layer, kv].clamp(min=SIGMA_FLOOR), r
 
-    def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
+    def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor, joint=False):
         """(stored tensor or None, mu, sigma as floats) of one layer's K or V in `mode`, for
         measuring (ideal code lengths). What is coded uses ``_coding``'s integer codes: torch's
         vectorised float32 sqrt is not always correctly rounded, so floats computed here could
         differ by an ulp from machine to machine."""
         x = self._stored(mode, layer, kv, true) if true is not None else None
         mu = self._mu(mode, layer, kv, pred)
-        s, r = self._sigma_parts(mode, layer, kv)
+        s, r = self._sigma_parts(mode, layer, kv, joint)
         sigma = s[None, :, None, :]
         if r is not None:
             sigma = torch.sqrt(sigma * sigma + (r[None, :, None, :] * mu) ** 2)
         return x, mu, sigma
 
-    def _coding(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor):
+    def _coding(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor, joint=False):
         """(stored tensor or None, mu, sigma codes) of one layer's K or V in `mode`: exactly
         what encoder and decoder code with, on any machine."""
         x = self._stored(mode, layer, kv, true) if true is not None else None
         mu = self._mu(mode, layer, kv, pred)
-        return x, mu, self._sigma_codes(mode, layer, kv, mu)
+        return x, mu, self._sigma_codes(mode, layer, kv, mu, joint)
 
-    def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor) -> np.ndarray:
+    def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor, joint: bool = False) -> np.ndarray:
         """Sigma codes: per channel (``[1, heads, 1, dim]``, to broadcast), or per scalar for a
         relative sigma, ``sqrt(s^2 + (r mu)^2)`` computed in Rust with correctly rounded float32
         steps (the same codes on every machine)."""
-        s, r = self._sigma_parts(mode, layer, kv)
+        s, r = self._sigma_parts(mode, layer, kv, joint)
         if r is None:
             return _api.sigma_codes(s[None, :, None, :])
         _, h, t, d = mu.shape
@@ -314,21 +349,22 @@ class SpeculativeCodec:
         block_size: int | None = None,
     ) -> bytes:
         cal = self._calibration()
+        layout = _layout([(t, None, None) for pair in kv for t in pair])
+        joint = self.joint and layout == "stacked" and bool(_joint_layers(cal))
         jobs = []
         for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, prediction)):
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
-                jobs.append(self._coding(dtype, layer, which, t, p))
+                jobs.append(self._coding(dtype, layer, which, t, p, joint))
         tokens = int(kv[0][0].shape[2])
         block = _block_size(block_size, tokens)
-        layout = _layout(jobs)
         layerwise = is_layerwise(self.predictor)
         blocks = []
         for start in range(0, tokens, block):
             part = [_tokens(job, start, start + block) for job in jobs]
             if layout == "stacked":
-                blocks.append(self._encode_stacked(part, layerwise, threads, model))
+                blocks.append(self._encode_stacked(part, layerwise, threads, model, dtype if joint else None))
             else:
                 blocks.append(
                     _parallel(
@@ -344,23 +380,52 @@ class SpeculativeCodec:
             "predictor": describe(self.predictor),
             "prompt": prompt_digest(input_ids),
         }
+        if joint:
+            metadata["joint"] = True
         return container.pack(metadata, layout, len(kv), block, tokens, blocks)
 
-    @staticmethod
-    def _encode_stacked(jobs: list[Any], layerwise: bool, threads: int | None, model: str) -> list[bytes]:
+    def _encode_stacked(
+        self, jobs: list[Any], layerwise: bool, threads: int | None, model: str, joint_mode: str | None
+    ) -> list[bytes]:
         """A block's keys, then its values, each one stream of every layer: a stream per layer
         would cost ~0.5% of an fp8 cache in headers, a chunk per layer ~0.07%. Whole-prompt
         predictors: LAYERS_PER_CHUNK layers a chunk; a layer-wise predictor decodes layer by
-        layer: CHUNKS_PER_LAYER chunks a layer, so one layer's decode still spreads over cores."""
+        layer: CHUNKS_PER_LAYER chunks a layer, so one layer's decode still spreads over cores.
+        With the joint model (``joint_mode``: the storage mode) each layer is stored
+        channel-major and coded as a whole (its channels follow each other), the values
+        conditioned on the keys' residuals."""
         layer = [jobs[which][0].numel() for which in (0, 1)]
         per_chunk = 1 if layerwise else max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // max(layer)))
-        per_layer = CHUNKS_PER_LAYER if layerwise and all(n % CHUNKS_PER_LAYER == 0 for n in layer) else 1
+        split = layerwise and joint_mode is None and all(n % CHUNKS_PER_LAYER == 0 for n in layer)
+        per_layer = CHUNKS_PER_LAYER if split else 1
         streams = []
+        outside = None
         for which in (0, 1):
-            x, mu, codes = _stack(jobs[which::2])
+            mine = jobs[which::2]
+            if joint_mode is not None:
+                mine = [_channel_major(job) for job in mine]
+            x, mu, codes = _stack(mine)
             size = per_chunk * layer[which] // per_layer
-            streams.append(_api.encode(x, mu, sigma_codes=codes, threads=threads, chunk_size=size, model=model))
+            joint = None
+            if joint_mode is not None:
+                joint = self._joint_model(joint_mode, which, int(mu.shape[-1]), outside)
+                if which == 0:
+                    outside = _api.residuals(x, mu).reshape(mu.shape[0], -1, mu.shape[-1])
+            streams.append(
+                _api.encode(x, mu, sigma_codes=codes, threads=threads, chunk_size=size, model=model, joint=joint)
+            )
         return streams
+
+    def _joint_model(self, mode: str, which: int, tokens: int, outside: Any) -> _api.Joint:
+        """The joint model of a block's K (``which=0``) or V stream: the calibration's
+        coefficients of every layer (zero for layers without one), V conditioned on the
+        block's K residuals ``outside`` (``[layers, channels, tokens]``)."""
+        m = self._calibration().joint[_joint_key(mode)]
+        coef, offset = m["coef"], m["offset"]
+        c = coef.shape[1] // 2
+        if which == 0:
+            return _api.Joint(c, tokens, coef[:, :c, :c].numpy(), offset[:, :c].numpy())
+        return _api.Joint(c, tokens, coef[:, c:, :].numpy(), offset[:, c:].numpy(), outside)
 
     @staticmethod
     def read_header(data: bytes) -> container.Container:
@@ -405,27 +470,44 @@ class SpeculativeCodec:
                 raise TypeError("prediction=: a layer-wise predictor runs inside decompress()")
             return c, self._decode_walk(c, input_ids, wanted, threads, pipeline, run)
         mode = c.metadata["mode"]
+        joint = self._reads_joint(c)
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
         parts: dict[int, list[list[Any]]] = {layer: [[], []] for layer in wanted}
         if c.layout == "stacked":
+            outside: dict[int, Any] = {}
             for which in (0, 1):
-                targets = [self._coding(mode, layer, which, None, pred[layer][which]) for layer in range(c.layers)]
+                targets = [
+                    self._coding(mode, layer, which, None, pred[layer][which], joint) for layer in range(c.layers)
+                ]
                 _, mu, codes = _stack(targets)
                 for b in range(len(c.blocks)):
                     stream = c.stream(b, 0, which)
                     start, stop = c.token_range(b)
                     mu_b = mu[:, :, :, start:stop]
                     codes_b = codes if codes.shape[3] == 1 else codes[:, :, :, start:stop]
-                    if layers is None:
-                        whole = _api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=threads)
-                        for layer in wanted:
-                            parts[layer][which].append(whole[layer])
-                        continue
-                    for layer in wanted:
-                        # read only the chunks that hold each layer asked for
-                        chunks, skip = stream.chunks_of(layer)
-                        got = _api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=threads, chunks=chunks)
-                        parts[layer][which].append(got.reshape(-1, *mu_b.shape[1:])[skip])
+                    model = None
+                    if joint:
+                        mu_b = mu_b.transpose(-1, -2).contiguous()
+                        codes_b = np.ascontiguousarray(np.swapaxes(codes_b, -1, -2))
+                        if which == 0:
+                            outside[b] = np.zeros((c.layers, mu_b.shape[2] * mu_b.shape[3], stop - start), np.float32)
+                        model = self._joint_model(mode, which, stop - start, outside[b])
+                    for first, last in _runs(wanted) if layers is not None else [(0, c.layers)]:
+                        # read only the chunks that hold the layers asked for
+                        chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(last - 1)[0][1])
+                        skip = stream.chunks_of(first)[1]
+                        got = _api.decode(
+                            stream.data, mu_b, sigma_codes=codes_b, threads=threads, chunks=chunks, joint=model
+                        )
+                        got = got.reshape(-1, *mu_b.shape[1:])
+                        lo = chunks[0] * stream.layers_per_chunk // stream.chunks_per_layer
+                        if joint and which == 0:
+                            own = mu_b[lo : lo + got.shape[0]]
+                            res = _api.residuals(got, own).reshape(got.shape[0], -1, stop - start)
+                            outside[b][lo : lo + got.shape[0]] = res
+                        for layer in range(first, last):
+                            piece = got[layer - first + skip]
+                            parts[layer][which].append(piece.transpose(-1, -2) if joint else piece)
         else:
             jobs, places = [], []
             for layer in wanted:
@@ -439,6 +521,14 @@ class SpeculativeCodec:
             for (layer, which), got in zip(places, out):
                 parts[layer][which].append(got)
         return c, {layer: (_join(k), _join(v)) for layer, (k, v) in parts.items()}
+
+    def _reads_joint(self, c: container.Container) -> bool:
+        """Whether the container was coded with the joint model (then the calibration, already
+        checked to be the encoder's, has it)."""
+        joint = bool(c.metadata.get("joint"))
+        if joint and (c.layout != "stacked" or not _joint_layers(self._calibration())):
+            raise CorruptStreamError("cache container: joint coding without a stacked layout or a joint calibration")
+        return joint
 
     def _decode_walk(
         self,
@@ -473,21 +563,31 @@ class SpeculativeCodec:
         out: dict[int, list[Any]] = {}
         upto = max(wanted) + 1
 
+        joint = self._reads_joint(c)
+        # joint: per block, the keys' residuals of every layer decoded so far (the values'
+        # outside channels)
+        outside: dict[int, np.ndarray] = {}
+
         def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
             if not stacked:
                 _, mu, sigma = self._coding(mode, layer, which, None, pred)
                 return mu, sigma
             mu = self._mu(mode, layer, which, pred)
-            code = self._sigma_codes(mode, layer, which, mu)
+            code = self._sigma_codes(mode, layer, which, mu, joint)
             for b in range(len(c.blocks)):
                 start, stop = c.token_range(b)
+                mu_b = mu[:, :, start:stop]
+                code_b = code if code.shape[2] == 1 else code[:, :, start:stop]
+                if joint:
+                    mu_b, code_b = mu_b.transpose(-1, -2), np.swapaxes(code_b, -1, -2)
                 if (which, b) not in mus:
-                    shape = (n_layers, *mu.shape[:2], stop - start, mu.shape[3])
-                    mus[which, b] = torch.zeros(shape, dtype=torch.float32)
-                    codes[which, b] = np.zeros(shape, dtype=np.int16)
-                mus[which, b][layer] = mu[:, :, start:stop]
+                    mus[which, b] = torch.zeros((n_layers, *mu_b.shape), dtype=torch.float32)
+                    codes[which, b] = np.zeros((n_layers, *mu_b.shape), dtype=np.int16)
+                    if joint and which == 0:
+                        outside[b] = np.zeros((n_layers, mu_b.shape[1] * mu_b.shape[2], stop - start), np.float32)
+                mus[which, b][layer] = mu_b
                 # per-channel codes broadcast over the tokens
-                codes[which, b][layer] = code if code.shape[2] == 1 else code[:, :, start:stop]
+                codes[which, b][layer] = code_b
             return mu, None
 
         def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
@@ -500,8 +600,20 @@ class SpeculativeCodec:
                     blocks.append([_api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=n)])
                     continue
                 chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
-                flat = _api.decode(stream.data, mus[which, b], sigma_codes=codes[which, b], threads=n, chunks=chunks)
-                blocks.append(list(flat.reshape(stop - first, *mus[which, b].shape[1:])))
+                model = None
+                if joint:
+                    tokens = int(mus[which, b].shape[-1])
+                    model = self._joint_model(mode, which, tokens, outside.get(b))
+                flat = _api.decode(
+                    stream.data, mus[which, b], sigma_codes=codes[which, b], threads=n, chunks=chunks, joint=model
+                )
+                got = flat.reshape(stop - first, *mus[which, b].shape[1:])
+                if joint:
+                    if which == 0:
+                        res = _api.residuals(got, mus[0, b][first:stop])
+                        outside[b][first:stop] = res.reshape(stop - first, -1, got.shape[-1])
+                    got = got.transpose(-1, -2)
+                blocks.append(list(got))
             return [_join([blk[i] for blk in blocks]) for i in range(stop - first)]
 
         run = run if run is not None else self.predictor.start(input_ids)

@@ -29,6 +29,10 @@
 //! - per-layer layout (`FLAG_PER_LAYER`, S = 2L), for layers of different shapes: layer 0 K,
 //!   layer 0 V, layer 1 K, ..., each of shape `[batch, heads, tokens of the block, head dim]`.
 //!
+//! A stream coded with the joint residual model (`FLAG_JOINT` in its own header, see
+//! `crate::joint`) stores its layers channel-major: tokens are its last axis
+//! (`[L, batch, heads, head dim, tokens of the block]`), and its chunks hold whole layers.
+//!
 //! So a block, a layer of a block, or K or V alone can be read and decoded without touching
 //! the rest; each stream carries its own chunk checksums and prediction fingerprints.
 //!
@@ -38,7 +42,7 @@
 use std::ops::Range;
 
 use crate::error::{corrupt, invalid, Error, Result};
-use crate::format::header::{Header, Reader};
+use crate::format::header::{Header, Reader, FLAG_JOINT};
 use crate::hash::checksum;
 
 pub const CONTAINER_MAGIC: [u8; 4] = *b"SPKC";
@@ -232,7 +236,10 @@ fn in_stream(i: usize, e: Error) -> Error {
 /// Whether a stream's shape fits the container's layout: `[L, batch, heads, block tokens,
 /// dim]` stacked (chunks aligned with layers), `[batch, heads, block tokens, dim]` per layer.
 fn check_stream(h: &Header, block_tokens: u64, c: &Container) -> std::result::Result<Option<StreamLayers>, String> {
-    let (ndim, token_axis) = if c.per_layer() { (4, 2) } else { (5, 3) };
+    let (ndim, mut token_axis) = if c.per_layer() { (4, 2) } else { (5, 3) };
+    if h.flags & FLAG_JOINT != 0 {
+        token_axis = ndim - 1; // channel-major: [.., heads, dim, tokens]
+    }
     if h.shape.len() != ndim || h.shape[token_axis] != block_tokens || h.n_scalars == 0 {
         return Err(format!("shape {:?} is not a {ndim}-d block of {block_tokens} tokens", h.shape));
     }
