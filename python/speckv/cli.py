@@ -195,6 +195,8 @@ def _run_eval(
     from .hf.evaluate import evaluate
 
     codec, cal_path, cached = _calibrated_codec(args, model, tokenizer, label, spec)
+    if getattr(args, "no_joint", False) or getattr(args, "joint", False):
+        codec.joint = bool(getattr(args, "joint", False))
     text = Path(args.text).read_text() if args.text else bundled_text("evaluation")
     held_out = prompts(tokenizer, text, args.seq_len, args.prompts)
     cfg = model.config
@@ -509,6 +511,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--repeat", type=int, default=2 if demo else 3, help="time each step this many times, keep the fastest"
+        )
+        joint = p.add_mutually_exclusive_group()
+        joint.add_argument(
+            "--joint",
+            action="store_true",
+            help="code with the calibration's joint residual model (default: for whole-prompt predictors)",
+        )
+        joint.add_argument(
+            "--no-joint", action="store_true", help="code every scalar on its own (no joint residual model)"
         )
         p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
         p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")

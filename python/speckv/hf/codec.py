@@ -163,13 +163,15 @@ class SpeculativeCodec:
         predictor: Predictor | None = None,
         *,
         fingerprint: str | None = None,
-        joint: bool = True,
+        joint: bool | None = None,
     ) -> None:
         self.model = model
-        # code with the calibration's joint residual model where it has one (decoders follow
-        # what the container says)
-        self.joint = joint
         self.predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
+        # Code with the calibration's joint residual model where it has one (decoders follow
+        # what the container says). Default: for whole-prompt predictors (the fp8 copy: 6% /
+        # 9% fewer bits, the predictor dominates the restore anyway), not for layer-wise ones,
+        # whose restore it would make slower than the model's prefill (README, "Joint model").
+        self.joint = (not is_layerwise(self.predictor)) if joint is None else bool(joint)
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
         if calibration is not None:

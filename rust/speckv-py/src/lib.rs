@@ -177,7 +177,10 @@ type JointArgs<'py> =
     (usize, usize, usize, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>);
 
 /// `prediction` with the joint model of `joint` (borrowing its arrays), if any.
-fn with_joint<'a>(prediction: Option<Prediction<'a>>, joint: &'a Option<JointArgs<'_>>) -> PyResult<Option<Prediction<'a>>> {
+fn with_joint<'a>(
+    prediction: Option<Prediction<'a>>,
+    joint: &'a Option<JointArgs<'_>>,
+) -> PyResult<Option<Prediction<'a>>> {
     let (Some(mut p), Some((channels, tokens, outside_channels, outside, coef, offset))) = (prediction.clone(), joint)
     else {
         if joint.is_some() {
@@ -502,7 +505,11 @@ fn residuals<'py>(
     let bits = words.bits("x")?;
     let mu = mu.as_slice().map_err(|_| PyValueError::new_err("mu must be C-contiguous"))?;
     if bits.len() != mu.len() || bits.width_bits() != dtype.bits() {
-        return Err(SpeckvError::new_err(format!("residuals: {} words of x for {} values of mu", bits.len(), mu.len())));
+        return Err(SpeckvError::new_err(format!(
+            "residuals: {} words of x for {} values of mu",
+            bits.len(),
+            mu.len()
+        )));
     }
     let mut out = vec![0f32; mu.len()];
     py.allow_threads(|| match bits {

@@ -1,0 +1,109 @@
+"""The joint residual model end to end: its calibration (JointFit), exact round trips with
+it on both kinds of predictor, containers that say whether they use it, and its coefficients
+kept by save/load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_hf import calibrated, ids, tiny_model  # noqa: E402,F401
+from test_layerwise import WORDS, assert_same  # noqa: E402
+
+import speckv  # noqa: E402
+from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
+from speckv.hf.cache import other_kernels  # noqa: E402
+from speckv.hf.calibration import JointFit  # noqa: E402
+
+
+def test_joint_fit_recovers_a_conditional_structure():
+    g = torch.Generator().manual_seed(0)
+    fit = JointFit(1, 1, 2)  # one layer, one head, dim 2: channels K0 K1 V0 V1
+    for _ in range(20):
+        base = torch.randn(1, 1, 500, 1, generator=g, dtype=torch.float64)
+        k = torch.cat([base, 2 * base + 0.01 * torch.randn(1, 1, 500, 1, generator=g)], dim=3)
+        v = torch.cat([-base + 0.3, 0.1 * torch.randn(1, 1, 500, 1, generator=g)], dim=3)
+        fit.add(0, k, v)
+    out = fit.solve([0], shrinkage=0.0)
+    coef, offset, sigma = out["coef"][0], out["offset"][0], out["sigma"][0].reshape(-1)
+    assert torch.allclose(coef[1, 0], torch.tensor(2.0), atol=0.01)  # K1 from K0
+    # V0 from K0 and K1 (= 2 K0): any split with the same prediction
+    assert abs(float(coef[2, 0] + 2 * coef[2, 1]) + 1.0) < 0.05 and abs(float(offset[2]) - 0.3) < 0.05
+    # conditional sigmas far below the marginal ones (2 and 1; the floor of shrinkage 2C/n
+    # keeps them above the noise's 0.01), the independent channel's its own
+    assert float(sigma[1]) < 0.1 and float(sigma[2]) < 0.1 and abs(float(sigma[3]) - 0.1) < 0.01
+    assert torch.equal(torch.triu(coef), torch.zeros_like(coef))
+
+
+@pytest.fixture(scope="module")
+def layerwise():
+    model = tiny_model("llama", seed=1)
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1), joint=True)
+    codec.calibrate([ids(64, s) for s in range(8)])
+    return model, codec
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_layerwise_joint_round_trips_on_every_path(layerwise, mode):
+    model, codec = layerwise
+    prompt = ids(40, 11)
+    cache = other_kernels(model, prompt)
+    data = codec.compress(cache, prompt, mode, block_size=16)
+    facts = speckv.info(data)
+    assert facts["metadata"]["joint"] is True and facts["streams"][0]["shape"][-1] == 16
+    for pipeline in (False, True):
+        back = extract_kv(codec.decompress(data, prompt, dequantize=False, pipeline=pipeline))
+        assert_same(codec, mode, cache, back)
+    k, v = codec.decompress_layer(data, prompt, 2)
+    assert torch.equal(v.view(WORDS[mode]), back[2][1].view(WORDS[mode]))
+    # a codec set not to code jointly still reads a joint container, and makes plain ones
+    codec.joint = False
+    try:
+        assert_same(codec, mode, cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))
+        plain = codec.compress(cache, prompt, mode, block_size=16)
+        assert "joint" not in speckv.info(plain)["metadata"] and plain != data
+        assert_same(codec, mode, cache, extract_kv(codec.decompress(plain, prompt, dequantize=False)))
+    finally:
+        codec.joint = True
+
+
+def test_whole_prompt_predictors_code_jointly_by_default(calibrated):  # noqa: F811
+    model, codec = calibrated
+    prompt = ids(24, 12)
+    cache = other_kernels(model, prompt)
+    data = codec.compress(cache, prompt, "fp8")
+    assert speckv.info(data)["metadata"].get("joint") is True
+    k, v = codec.decompress_layer(data, prompt, 1)
+    whole = extract_kv(codec.decompress(data, prompt, dequantize=False))
+    assert torch.equal(v.view(torch.uint8), whole[1][1].view(torch.uint8))
+    # a damaged coefficient is another calibration: refused before decoding
+    cal = codec.calibration
+    other = Calibration(
+        cal.sigma,
+        cal.sigma_fp8,
+        cal.fp8_scales,
+        cal.means,
+        cal.metadata,
+        cal.predictor_state,
+        None,
+        None,
+        {m: {k: t.clone() for k, t in parts.items()} for m, parts in cal.joint.items()},
+    )
+    other.joint["fp8"]["coef"][1, 5, 0] += 0.25
+    with pytest.raises(speckv.PredictionMismatchError):
+        SpeculativeCodec(model, other, codec.predictor, fingerprint=codec.fingerprint).decompress(data, prompt)
+
+
+def test_save_and_load_keep_the_joint_model(calibrated, tmp_path):  # noqa: F811
+    model, codec = calibrated
+    path = tmp_path / "cal.safetensors"
+    codec.save(str(path))
+    again = Calibration.load(str(path))
+    assert again.digest() == codec.calibration.digest()
+    assert set(again.joint) == {"bf16", "fp8"}
+    for mode in again.joint:
+        for name, t in again.joint[mode].items():
+            assert np.array_equal(t.numpy(), codec.calibration.joint[mode][name].numpy())
