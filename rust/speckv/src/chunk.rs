@@ -153,10 +153,27 @@ impl StreamModel {
         mu: &[f32],
         codes: &[i16],
     ) {
-        let mut escapes = RawPatternModel::new(self.dtype, &self.params);
+        self.encode_predicted_with(lanes, &mut self.escapes(), x, mu, codes)
+    }
+
+    /// A fresh escape model (the adaptive model of escaped scalars' raw patterns).
+    pub fn escapes(&self) -> RawPatternModel {
+        RawPatternModel::new(self.dtype, &self.params)
+    }
+
+    /// `encode_predicted` with the caller's escape model, which carries its statistics from
+    /// run to run (the joint model codes a chunk as many runs).
+    pub fn encode_predicted_with<W: Word, S: SymbolSink, const N: usize>(
+        &self,
+        lanes: &mut [S; N],
+        escapes: &mut RawPatternModel,
+        x: &[W],
+        mu: &[f32],
+        codes: &[i16],
+    ) {
         match &self.predicted {
             PredictedModel::Exact { cdf, grid, sigmas } => {
-                Exact::new(cdf, grid, sigmas).encode(lanes, &mut escapes, x, mu, codes)
+                Exact::new(cdf, grid, sigmas).encode(lanes, escapes, x, mu, codes)
             }
             PredictedModel::Fast { bank, scales, grid } => {
                 let precision = self.params.table_precision as u32;
@@ -167,7 +184,7 @@ impl StreamModel {
                     }
                     None => esc.encode(sink, x[i].to_u32()),
                 };
-                for_lanes(x.len(), lanes, &mut escapes, one);
+                for_lanes(x.len(), lanes, escapes, one);
             }
         }
     }
@@ -180,10 +197,21 @@ impl StreamModel {
         mu: &[f32],
         codes: &[i16],
     ) {
-        let mut escapes = RawPatternModel::new(self.dtype, &self.params);
+        self.decode_predicted_with(lanes, &mut self.escapes(), out, mu, codes)
+    }
+
+    /// Inverse of `encode_predicted_with`.
+    pub fn decode_predicted_with<W: Word, const N: usize>(
+        &self,
+        lanes: &mut [RangeDecoder; N],
+        escapes: &mut RawPatternModel,
+        out: &mut [W],
+        mu: &[f32],
+        codes: &[i16],
+    ) {
         match &self.predicted {
             PredictedModel::Exact { cdf, grid, sigmas } => {
-                Exact::new(cdf, grid, sigmas).decode(lanes, &mut escapes, out, mu, codes)
+                Exact::new(cdf, grid, sigmas).decode(lanes, escapes, out, mu, codes)
             }
             PredictedModel::Fast { bank, scales, grid } => {
                 let precision = self.params.table_precision as u32;
@@ -193,7 +221,7 @@ impl StreamModel {
                     }
                     None => W::from_u32(esc.decode(dec)),
                 };
-                for_lanes_dec(out, lanes, &mut escapes, one);
+                for_lanes_dec(out, lanes, escapes, one);
             }
         }
     }

@@ -248,8 +248,9 @@ fn code_chunk<W: Word, S: SymbolSink, const N: usize>(
             let plain = codes_and_fingerprint(&p.mu[range.clone()], &p.sigma, range.start, codes);
             // the encoder's words are only read; `joint_runs` takes a slice it may write
             let mut words = x[range.clone()].to_vec();
+            let mut escapes = model.escapes();
             joint_runs(model.dtype, joint, &mut words, p.mu, range.start, |run_x, corrected, run| {
-                model.encode_predicted(lanes, run_x, corrected, &codes[run]);
+                model.encode_predicted_with(lanes, &mut escapes, run_x, corrected, &codes[run]);
             });
             joint_fingerprint(plain, joint, &range)
         }),
@@ -400,9 +401,12 @@ fn decode_words<W: Word, const N: usize>(
                         )));
                     }
                     match &p.joint {
-                        Some(joint) => joint_runs(model.dtype, joint, piece, p.mu, start, |run_x, corrected, run| {
-                            model.decode_predicted(&mut dec, run_x, corrected, &codes[run]);
-                        }),
+                        Some(joint) => {
+                            let mut escapes = model.escapes();
+                            joint_runs(model.dtype, joint, piece, p.mu, start, |run_x, corrected, run| {
+                                model.decode_predicted_with(&mut dec, &mut escapes, run_x, corrected, &codes[run]);
+                            })
+                        }
                         None => model.decode_predicted(&mut dec, piece, mu, codes),
                     }
                     Ok(())

@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 
 use crate::error::{invalid, Result};
 use crate::hash::Hasher;
+use crate::prediction::plain_bytes;
 use crate::words::Word;
 use crate::DType;
 
@@ -89,12 +90,8 @@ impl<'a> Joint<'a> {
             h.update(&(v as u64).to_le_bytes());
         }
         let rows = self.channels * self.width();
-        for v in &self.coef[layer * rows..(layer + 1) * rows] {
-            h.update(&v.to_bits().to_le_bytes());
-        }
-        for v in &self.offset[layer * self.channels..(layer + 1) * self.channels] {
-            h.update(&v.to_bits().to_le_bytes());
-        }
+        h.update(plain_bytes(&self.coef[layer * rows..(layer + 1) * rows]));
+        h.update(plain_bytes(&self.offset[layer * self.channels..(layer + 1) * self.channels]));
         h.finish()
     }
 
@@ -103,21 +100,98 @@ impl<'a> Joint<'a> {
     pub fn conditional(&self, layer: usize, i: usize, mu: &[f32], own: &[f32], out: &mut [f32]) {
         let (t, e) = (self.tokens, self.outside_channels);
         let row = &self.coef[(layer * self.channels + i) * self.width()..][..e + i];
-        out.fill(self.offset[layer * self.channels + i]);
+        let offset = self.offset[layer * self.channels + i];
         let outside = &self.outside[layer * e * t..(layer + 1) * e * t];
-        let sources = outside.chunks_exact(t).chain(own[..i * t].chunks_exact(t));
-        for (&a, source) in row.iter().zip(sources) {
-            if a == 0.0 {
-                continue;
-            }
-            for (acc, &r) in out.iter_mut().zip(source) {
-                *acc += a * r;
+        let args = Sum { row, offset, outside, own: &own[..i * t], tokens: t };
+        #[cfg(target_arch = "x86_64")]
+        {
+            if wide_kernels() {
+                // SAFETY: `wide_kernels()` checked at run time that this CPU has AVX2 and
+                // AVX-512F, the features `sum_wide` is compiled for.
+                unsafe { sum_wide(&args, mu, out) };
+                return;
             }
         }
-        for (acc, &m) in out.iter_mut().zip(mu) {
-            *acc += m; // float addition commutes exactly: mu + acc
+        sum_tiles::<TILE>(&args, mu, out);
+    }
+}
+
+/// One channel's conditional sum (invariant J1) and what it reads.
+struct Sum<'s> {
+    row: &'s [f32],
+    offset: f32,
+    outside: &'s [f32],
+    own: &'s [f32],
+    tokens: usize,
+}
+
+/// Tokens per tile (portable build; the AVX-512 build takes `WIDE_TILE`): the tile's
+/// accumulators stay in registers across the whole sum instead of a load and a store per
+/// coefficient, as independent chains that hide the adds' latency. Each token's sum keeps
+/// J1's order, so the result depends neither on the tiling nor on the vector width.
+const TILE: usize = 32;
+const WIDE_TILE: usize = 128;
+
+#[inline(always)]
+fn sum_tiles<const T: usize>(s: &Sum, mu: &[f32], out: &mut [f32]) {
+    let t = s.tokens;
+    let mut t0 = 0;
+    while t0 + T <= t {
+        let acc = full_tile::<T>(s, t0);
+        for ((o, &m), &c) in out[t0..t0 + T].iter_mut().zip(&mu[t0..t0 + T]).zip(&acc) {
+            *o = m + c;
+        }
+        t0 += T;
+    }
+    if t0 < t {
+        // the last, partial tile: accumulate in `out` itself
+        let n = t - t0;
+        let tail = &mut out[t0..];
+        tail.fill(s.offset);
+        let sources = s.outside.chunks_exact(t).chain(s.own.chunks_exact(t));
+        for (&a, source) in s.row.iter().zip(sources) {
+            if a != 0.0 {
+                for (slot, &r) in tail.iter_mut().zip(&source[t0..t0 + n]) {
+                    *slot += a * r;
+                }
+            }
+        }
+        for (o, &m) in tail.iter_mut().zip(&mu[t0..]) {
+            *o += m; // float addition commutes exactly: mu + acc
         }
     }
+}
+
+/// The sums of tokens `t0..t0 + T`, in a local array the compiler keeps in registers.
+#[inline(always)]
+fn full_tile<const T: usize>(s: &Sum, t0: usize) -> [f32; T] {
+    let t = s.tokens;
+    let mut acc = [s.offset; T];
+    let sources = s.outside.chunks_exact(t).chain(s.own.chunks_exact(t));
+    for (&a, source) in s.row.iter().zip(sources) {
+        if a == 0.0 {
+            continue;
+        }
+        let src: &[f32; T] = source[t0..t0 + T].try_into().unwrap();
+        for k in 0..T {
+            acc[k] += a * src[k];
+        }
+    }
+    acc
+}
+
+/// `sum_tiles` compiled for AVX2 and AVX-512F: the same operations in the same order per
+/// token (multiplies and adds stay separate: Rust never contracts them), wider vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn sum_wide(s: &Sum, mu: &[f32], out: &mut [f32]) {
+    sum_tiles::<WIDE_TILE>(s, mu, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn wide_kernels() -> bool {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avx512f"))
 }
 
 /// `out[k] = value(x[k]) - mu[k]` in float32, 0 where that is not finite (invariant J1's `e`).
@@ -154,6 +228,52 @@ fn values(dtype: DType) -> Option<&'static [f32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// J1 written out token by token, the definition the kernels must match bit for bit.
+    fn reference(j: &Joint, layer: usize, i: usize, mu: &[f32], own: &[f32]) -> Vec<f32> {
+        let (t, e) = (j.tokens, j.outside_channels);
+        let row = &j.coef[(layer * j.channels + i) * (e + j.channels)..][..e + i];
+        (0..t)
+            .map(|k| {
+                let mut acc = j.offset[layer * j.channels + i];
+                for (c, &a) in row.iter().enumerate() {
+                    let r = if c < e { j.outside[(layer * e + c) * t + k] } else { own[(c - e) * t + k] };
+                    if a != 0.0 {
+                        acc += a * r;
+                    }
+                }
+                mu[k] + acc
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_kernels_compute_invariant_j1_bit_for_bit() {
+        let mut seed = 1u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for &(c, t, e) in &[(5usize, 200usize, 3usize), (3, 64, 0), (2, 7, 1), (4, 129, 2)] {
+            let layers = 2;
+            let outside: Vec<f32> = (0..layers * e * t).map(|_| next()).collect();
+            let coef: Vec<f32> =
+                (0..layers * c * (e + c)).map(|k| if k % 5 == 0 { 0.0 } else { next() * 1e-3 }).collect();
+            let offset: Vec<f32> = (0..layers * c).map(|_| next()).collect();
+            let j =
+                Joint { channels: c, tokens: t, outside_channels: e, outside: &outside, coef: &coef, offset: &offset };
+            let own: Vec<f32> = (0..c * t).map(|_| next() * 1e4).collect();
+            let mu: Vec<f32> = (0..t).map(|_| next() * 1e-2).collect();
+            for layer in 0..layers {
+                for i in 0..c {
+                    let mut out = vec![0f32; t];
+                    j.conditional(layer, i, &mu, &own, &mut out);
+                    let want = reference(&j, layer, i, &mu, &own);
+                    assert!(out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "c {c} t {t} e {e}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn residuals_are_exact_and_zero_where_not_finite() {

@@ -210,14 +210,14 @@ pub(crate) fn codes_and_fingerprint(mu: &[f32], sigma: &SigmaCodes, start: usize
 }
 
 /// Number types whose every byte is initialised and which have no padding.
-trait Plain: Copy {}
+pub(crate) trait Plain: Copy {}
 impl Plain for f32 {}
 impl Plain for i16 {}
 
 /// The bytes of a slice of plain numbers in memory order, which is little-endian: the crate
 /// refuses to build for big-endian targets (see `lib.rs`), so fingerprints agree across
 /// machines.
-fn plain_bytes<T: Plain>(values: &[T]) -> &[u8] {
+pub(crate) fn plain_bytes<T: Plain>(values: &[T]) -> &[u8] {
     // SAFETY:
     // - `values` is a valid slice of `T: Plain`: every byte is initialised, with no padding;
     // - `u8` has alignment 1 and the byte length is the slice's own size;
