@@ -342,6 +342,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_model(args.model) if args.model else load_demo_model()
     label = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
+    if args.ablate:
+        _ablate(args, model, tokenizer, label)
+        return
     specs = [p for p in (args.predictors or args.predictor or "prefix").split(",") if p]
     results = [_run_eval(args, model, tokenizer, label, spec) for spec in specs]
     if len(results) == 1:
@@ -350,6 +353,101 @@ def cmd_eval(args: argparse.Namespace) -> None:
         _print_tradeoff(args, results)
     if not all(m["exact_round_trip"] for r in results for m in r["modes"].values()):
         sys.exit("speckv eval: a round trip was not exact")
+
+
+ABLATION = (
+    ("static per-channel sigma (reference model)", None),
+    ("+ mean residual per channel", "offset"),
+    ("+ earlier channels of the same K or V", "within"),
+    ("+ the keys, for the values (full joint model)", "full"),
+)
+
+
+def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> None:
+    """``speckv eval --ablate``: one fresh calibration, then the held-out caches coded with each
+    component of the joint residual model added in turn (bits, speeds, calibration size)."""
+    import dataclasses
+    import tempfile
+
+    from .hf import SpeculativeCodec, bundled_text, model_fingerprint
+    from .hf.calibration import JOINT_SHRINKAGE
+    from .hf.demo import prompts
+    from .hf.evaluate import evaluate
+
+    spec = args.predictor or "prefix"
+    predictor = make_predictor(spec, model, args.block_size)
+    fingerprint = model_fingerprint(model)
+    text = Path(args.calibration_text).read_text() if args.calibration_text else bundled_text("calibration")
+    samples = prompts(tokenizer, text, args.seq_len, args.samples)
+    _say(args, f"calibrating {label} ({_describe_short(predictor)}) on {len(samples)} x {args.seq_len} tokens ...")
+    base = SpeculativeCodec(model, None, predictor, fingerprint=fingerprint)
+    cal = base.calibrate(samples, progress=not args.json)
+    if not cal.joint_fits:
+        sys.exit("speckv eval --ablate: the calibration fitted no joint model (every layer has a relative sigma)")
+    layers = cal.metadata["joint"]["layers"]
+    held_out = prompts(tokenizer, _text(args.text), args.seq_len, args.prompts)
+    rows = []
+    for name, structure in ABLATION:
+        variant = cal
+        if structure is not None:
+            solved = {m: fit.solve(layers, JOINT_SHRINKAGE, structure) for m, fit in cal.joint_fits.items()}
+            variant = dataclasses.replace(cal, joint=solved, joint_fits={})
+        codec = SpeculativeCodec(model, variant, predictor, fingerprint=fingerprint, joint=structure is not None)
+        _say(args, f"evaluating: {name} ...")
+        result = evaluate(
+            codec,
+            held_out,
+            tuple(args.modes.split(",")),
+            threads=args.threads,
+            progress=not args.json,
+            producer=_producer(args),
+            repeat=args.repeat,
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "cal.safetensors"
+            (variant if structure is not None else dataclasses.replace(cal, joint={})).save(str(path))
+            size = path.stat().st_size
+        modes = {
+            mode: {
+                "K": m["bits_per_scalar"]["K"],
+                "V": m["bits_per_scalar"]["V"],
+                "all": m["bits_per_scalar"]["with_container"],
+                "encode_msym_per_s": m["encode_msym_per_s"],
+                "decode_msym_per_s": m["decode_msym_per_s"],
+                "exact": m["exact_round_trip"],
+            }
+            for mode, m in result["modes"].items()
+        }
+        rows.append({"component": name, "structure": structure, "calibration_bytes": size, "modes": modes})
+    if args.json:
+        print(
+            json.dumps({"model": label, "predictor": spec, "text": _text_name(args.text), "ablation": rows}, indent=2)
+        )
+    else:
+        print()
+        print(_ablation_table(rows))
+        print(
+            f"b/s = bits per scalar (K, V, all with the container); Msym/s = encode / decode speed of the coder "
+            f"alone; held-out: {_text_name(args.text)}; predictor: {_describe_short(predictor)}"
+        )
+    if not all(m["exact"] for r in rows for m in r["modes"].values()):
+        sys.exit("speckv eval: a round trip was not exact")
+
+
+def _ablation_table(rows: list[dict[str, Any]]) -> str:
+    modes = list(rows[0]["modes"])
+    head = f"{'component':46s} " + " ".join(
+        f"{m + ' K':>7s} {m + ' V':>7s} {m + ' all':>8s} {'enc/dec':>11s}" for m in modes
+    )
+    out = [head + f" {'calibration':>12s}"]
+    for r in rows:
+        cells = []
+        for m in modes:
+            x = r["modes"][m]
+            dec = x["decode_msym_per_s"] or 0.0
+            cells.append(f"{x['K']:7.3f} {x['V']:7.3f} {x['all']:8.3f} {x['encode_msym_per_s']:5.0f}/{dec:<5.0f}")
+        out.append(f"{r['component']:46s} " + " ".join(cells) + f" {r['calibration_bytes'] / 1e6:9.1f} MB")
+    return "\n".join(out)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -519,6 +617,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         if not demo:
             p.add_argument("--predictors", help="several predictors, comma-separated: prints their trade-off table")
+            p.add_argument(
+                "--ablate",
+                action="store_true",
+                help="calibrate afresh, then code with each component of the joint residual model added in turn",
+            )
         p.add_argument(
             "--producer",
             choices=("other-kernels", "same"),

@@ -81,6 +81,9 @@ class Calibration:
     # [layers, C, C] (C = 2 x heads x dim: a layer's K channels then its V channels, strictly
     # lower-triangular), "offset" [layers, C], "sigma" [layers, 2, heads, dim] (conditional)
     joint: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    # the JointFit statistics of a fresh calibration, per mode (not saved): to solve other
+    # structures from (``speckv eval --ablate``)
+    joint_fits: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # digest() hashes every tensor (the maps are megabytes) and is asked for on every
     # compress and decompress: computed once. A Calibration is not to be changed in place.
     _digest: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -296,6 +299,7 @@ def calibrate(
         sigma_rel=sigma_rel,
         sigma_rel_fp8=sigma_rel_fp8,
         joint={v: fit.solve(joint_layers, JOINT_SHRINKAGE) for v, fit in fits_joint.items()},
+        joint_fits=fits_joint,
     )
 
 
@@ -324,7 +328,14 @@ class JointFit:
         self.sum[layer] += e.sum(dim=0)
         self.n[layer] += e.shape[0]
 
-    def solve(self, layers: list[int], shrinkage: float) -> dict[str, torch.Tensor]:
+    # What each structure conditions a channel on (``speckv eval --ablate`` compares them):
+    # "offset" only the mean residual, "within" also the earlier channels of its own K or V,
+    # "full" also, for V, every K channel of the same token.
+    STRUCTURES = ("offset", "within", "full")
+
+    def solve(self, layers: list[int], shrinkage: float, structure: str = "full") -> dict[str, torch.Tensor]:
+        if structure not in self.STRUCTURES:
+            raise ValueError(f"structure: expected one of {self.STRUCTURES}, got {structure!r}")
         n_layers, c, _ = self.gram.shape
         coef = torch.zeros(n_layers, c, c, dtype=torch.float64)
         offset = torch.zeros(n_layers, c, dtype=torch.float64)
@@ -338,6 +349,12 @@ class JointFit:
             # few tokens per channel: a sample covariance overfits, so shrink harder
             lam = min(1.0, max(shrinkage, 2 * c / n))
             cov = (1 - lam) * cov + lam * torch.diag(diag)
+            if structure == "offset":
+                cov = torch.diag(diag)
+            elif structure == "within":
+                half = c // 2
+                cov[:half, half:] = 0
+                cov[half:, :half] = 0
             chol = torch.linalg.cholesky(cov + 1e-12 * eye)
             d = chol.diagonal()
             unit = chol / d[None, :]
