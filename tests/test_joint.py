@@ -107,3 +107,20 @@ def test_save_and_load_keep_the_joint_model(calibrated, tmp_path):  # noqa: F811
     for mode in again.joint:
         for name, t in again.joint[mode].items():
             assert np.array_equal(t.numpy(), codec.calibration.joint[mode][name].numpy())
+
+
+def test_joint_fit_structures_condition_on_less():
+    g = torch.Generator().manual_seed(1)
+    fit = JointFit(1, 1, 2)
+    for _ in range(10):
+        base = torch.randn(1, 1, 400, 1, generator=g, dtype=torch.float64)
+        k = torch.cat([base, base + 0.1 * torch.randn(1, 1, 400, 1, generator=g)], dim=3)
+        fit.add(0, k, k.flip(3) + 1.0)
+    full, within, offset = (fit.solve([0], 0.0, s) for s in ("full", "within", "offset"))
+    assert float(full["coef"][0, 2:, :2].abs().sum()) > 0.5  # V on K
+    assert float(within["coef"][0, 2:, :2].abs().sum()) == 0.0 and float(within["coef"][0, 1, 0]) > 0.5
+    assert float(offset["coef"].abs().sum()) == 0.0 and abs(float(offset["offset"][0, 2]) - 1.0) < 0.05
+    # each structure that conditions on more has smaller conditional sigmas
+    assert float(full["sigma"].sum()) < float(within["sigma"].sum()) < float(offset["sigma"].sum())
+    with pytest.raises(ValueError, match="structure"):
+        fit.solve([0], 0.0, "everything")

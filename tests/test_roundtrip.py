@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speckv
@@ -267,3 +267,40 @@ def test_vector_and_portable_kernels_write_and_read_the_same_bytes(dtype):
     assert len(streams["0"]) > 500 and len(set(streams.values())) == 1
     for writer, reader in (("1", "0"), ("0", "1"), ("avx2", "0"), ("0", "avx2")):
         _run_cross(reader, "decode", dtype, streams[writer])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layers=st.integers(1, 3),
+    channels=st.integers(1, 6),
+    tokens=st.integers(1, 70),
+    outside=st.integers(0, 3),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn"]),
+)
+def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, seed, dtype):
+    """The joint residual model on arbitrary coefficients (zeros included), outside channels
+    and bit patterns: exact on every thread count, refused with other coefficients."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 1 << (8 * np.dtype(DTYPES[dtype][1]).itemsize), (layers, channels, tokens)).astype(
+        DTYPES[dtype][1]
+    )
+    x = as_dtype(x, dtype)
+    mu = rng.standard_normal(x.shape).astype(np.float32)
+    coef = rng.standard_normal((layers, channels, outside + channels)).astype(np.float32)
+    coef[rng.random(coef.shape) < 0.3] = 0.0
+    joint = speckv.Joint(
+        channels,
+        tokens,
+        coef,
+        rng.standard_normal((layers, channels)).astype(np.float32),
+        rng.standard_normal((layers, outside, tokens)).astype(np.float32) if outside else None,
+    )
+    sigma = np.full((channels, 1), 0.5, np.float32)
+    data = speckv.encode(x, mu, sigma, chunk_size=channels * tokens, joint=joint)
+    assert speckv.encode(x, mu, sigma, chunk_size=channels * tokens, joint=joint, threads=1) == data
+    for threads in (1, 3):
+        assert same_bits(speckv.decode(data, mu, sigma, joint=joint, threads=threads), x)
+    other = speckv.Joint(channels, tokens, coef + 1.0, joint.offset, joint.outside)
+    with pytest.raises(speckv.PredictionMismatchError):
+        speckv.decode(data, mu, sigma, joint=other)

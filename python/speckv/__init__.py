@@ -15,7 +15,7 @@ coder driven by a Gaussian mixture around the guess stores the true value in a f
 True
 """
 
-from ._api import THREADS_ENV, decode, encode, ideal_bits, info, sigma_codes
+from ._api import THREADS_ENV, Joint, decode, encode, ideal_bits, info, residuals, sigma_codes
 from ._arrays import SUPPORTED_DTYPES
 from ._speckv import (
     FORMAT_VERSION,
@@ -34,6 +34,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "THREADS_ENV",
     "ChecksumError",
+    "Joint",
     "CorruptStreamError",
     "PredictionMismatchError",
     "SpeckvError",
@@ -43,5 +44,6 @@ __all__ = [
     "ideal_bits",
     "info",
     "kernels",
+    "residuals",
     "sigma_codes",
 ]
