@@ -206,7 +206,6 @@ def _run_eval(
     args: argparse.Namespace, model: Any, tokenizer: Any, label: str, spec: str | None = None
 ) -> dict[str, Any]:
     from .hf.demo import prompts
-    from .hf.evaluate import evaluate
 
     codec, cal_path, cached = _calibrated_codec(args, model, tokenizer, label, spec)
     if getattr(args, "no_joint", False) or getattr(args, "joint", False):
@@ -227,7 +226,19 @@ def _run_eval(
         f"{_text_name(args.text)}, caches made by "
         f"{_PRODUCERS[args.producer]} ...",
     )
-    result = evaluate(
+    result = _evaluate(args, codec, held_out)
+    result["model"] = label
+    result["predictor"] = spec or args.predictor or ("from-calibration" if args.calibration else "prefix")
+    result["producer"] = args.producer
+    result["calibration"] = {"path": cal_path, **codec._calibration().metadata}
+    return result
+
+
+def _evaluate(args: argparse.Namespace, codec: Any, held_out: list[Any]) -> dict[str, Any]:
+    """``evaluate`` with the command line's modes, threads, producer and repeats."""
+    from .hf.evaluate import evaluate
+
+    return evaluate(
         codec,
         held_out,
         tuple(args.modes.split(",")),
@@ -236,11 +247,6 @@ def _run_eval(
         producer=_producer(args),
         repeat=args.repeat,
     )
-    result["model"] = label
-    result["predictor"] = spec or args.predictor or ("from-calibration" if args.calibration else "prefix")
-    result["producer"] = args.producer
-    result["calibration"] = {"path": cal_path, **codec._calibration().metadata}
-    return result
 
 
 def _print_result(args: argparse.Namespace, result: dict[str, Any], per_layer: bool) -> None:
@@ -372,7 +378,6 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
     from .hf import SpeculativeCodec, bundled_text, model_fingerprint
     from .hf.calibration import JOINT_SHRINKAGE
     from .hf.demo import prompts
-    from .hf.evaluate import evaluate
 
     spec = args.predictor or "prefix"
     predictor = make_predictor(spec, model, args.block_size)
@@ -394,15 +399,7 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
             variant = dataclasses.replace(cal, joint=solved, joint_fits={})
         codec = SpeculativeCodec(model, variant, predictor, fingerprint=fingerprint, joint=structure is not None)
         _say(args, f"evaluating: {name} ...")
-        result = evaluate(
-            codec,
-            held_out,
-            tuple(args.modes.split(",")),
-            threads=args.threads,
-            progress=not args.json,
-            producer=_producer(args),
-            repeat=args.repeat,
-        )
+        result = _evaluate(args, codec, held_out)
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "cal.safetensors"
             (variant if structure is not None else dataclasses.replace(cal, joint={})).save(str(path))
