@@ -130,8 +130,8 @@ class Calibration:
         for name, t in self.predictor_state.items():
             tensors[PREDICTOR_PREFIX + name] = t.float().contiguous()
         for mode, parts in self.joint.items():
-            for name, t in parts.items():
-                tensors[f"{JOINT_PREFIX}{mode}.{name}"] = t.float().contiguous()
+            for name, t in _pack_joint(parts).items():
+                tensors[f"{JOINT_PREFIX}{mode}.{name}"] = t.contiguous()
         save_file(tensors, path, metadata={"speckv": json.dumps(self.metadata, sort_keys=True)})
 
     @classmethod
@@ -146,11 +146,12 @@ class Calibration:
         if meta.get("format") != CALIBRATION_FORMAT:
             raise CalibrationMismatchError(f"{path}: not a speckv calibration (format {meta.get('format')!r})")
         state = {k[len(PREDICTOR_PREFIX) :]: v for k, v in tensors.items() if k.startswith(PREDICTOR_PREFIX)}
-        joint: dict[str, dict[str, torch.Tensor]] = {}
+        packed: dict[str, dict[str, torch.Tensor]] = {}
         for k, v in tensors.items():
             if k.startswith(JOINT_PREFIX):
                 mode, name = k[len(JOINT_PREFIX) :].split(".", 1)
-                joint.setdefault(mode, {})[name] = v
+                packed.setdefault(mode, {})[name] = v
+        joint = {mode: _unpack_joint(parts) for mode, parts in packed.items()}
         cal = cls(
             tensors["sigma"],
             tensors["sigma_fp8"],
@@ -364,10 +365,39 @@ class JointFit:
             offset[layer] = mean - a @ mean
             sigma[layer] = d
         return {
-            "coef": coef.float(),
-            "offset": offset.float(),
+            "coef": _half_exact(coef),
+            "offset": _half_exact(offset),
             "sigma": sigma.reshape(n_layers, 2, self.heads, self.dim).float(),
         }
+
+
+# Largest magnitude a joint coefficient or offset may take (float16 holds up to 65504).
+JOINT_LIMIT = 60000.0
+
+
+def _half_exact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to float16 values, as float32: what the calibration file stores (in
+    half the bytes) is then exactly what the codec computed with."""
+    return t.clamp(-JOINT_LIMIT, JOINT_LIMIT).half().float()
+
+
+def _pack_joint(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A joint model as saved: the strictly lower triangle of ``coef`` (the rest is zero) and
+    ``offset`` in float16 (exact: ``_half_exact``), ``sigma`` in float32."""
+    coef = parts["coef"]
+    rows, cols = torch.tril_indices(coef.shape[1], coef.shape[2], offset=-1)
+    return {"coef_tril": coef[:, rows, cols].half(), "offset": parts["offset"].half(), "sigma": parts["sigma"].float()}
+
+
+def _unpack_joint(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if "coef_tril" not in parts:
+        return {name: t.float() for name, t in parts.items()}
+    offset = parts["offset"].float()
+    layers, c = offset.shape
+    coef = torch.zeros(layers, c, c, dtype=torch.float32)
+    rows, cols = torch.tril_indices(c, c, offset=-1)
+    coef[:, rows, cols] = parts["coef_tril"].float()
+    return {"coef": coef, "offset": offset, "sigma": parts["sigma"].float()}
 
 
 class _RelativeFit:
