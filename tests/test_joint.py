@@ -124,3 +124,22 @@ def test_joint_fit_structures_condition_on_less():
     assert float(full["sigma"].sum()) < float(within["sigma"].sum()) < float(offset["sigma"].sum())
     with pytest.raises(ValueError, match="structure"):
         fit.solve([0], 0.0, "everything")
+
+
+def test_a_predictor_free_codec_learns_its_means_and_codes_jointly(tmp_path):
+    from speckv.hf import ChannelStatsPredictor
+    from speckv.hf.cache import prefill
+
+    model = tiny_model("qwen3", seed=2)
+    codec = SpeculativeCodec(model, predictor=ChannelStatsPredictor())
+    codec.calibrate([ids(64, s) for s in range(8)])
+    assert codec.joint and "means" in codec.calibration.predictor_state
+    prompt = ids(30, 13)
+    cache = prefill(model, prompt)
+    data = codec.compress(cache, prompt, "bf16")
+    assert speckv.info(data)["metadata"]["joint"] is True
+    path = tmp_path / "stats.safetensors"
+    codec.save(str(path))
+    again = SpeculativeCodec.load(str(path), model)  # rebuilds the predictor, means from the file
+    assert isinstance(again.predictor, ChannelStatsPredictor)
+    assert_same(again, "bf16", cache, extract_kv(again.decompress(data, prompt, dequantize=False)))

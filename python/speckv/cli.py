@@ -41,7 +41,7 @@ def _need_hf() -> None:
 PREDICTORS_HELP = (
     "prefix (the default: the model's first layers + maps), prefix:N (N layers), map (layer 0 + maps), "
     "fp8 (fp8 weights, float32 compute, 1 thread), fp8-all (the same on every core), "
-    "fp8-bf16 (fp8 weights, bf16 compute, every core)"
+    "fp8-bf16 (fp8 weights, bf16 compute, every core), stats (no model: per-channel means)"
 )
 
 
@@ -60,6 +60,10 @@ def make_predictor(spec: str, model: Any, block_size: int | None = None) -> Any:
         return Fp8Predictor(model, block_size=block_size, dtype=torch.bfloat16, threads="all")
     if spec == "map":
         return ModelPrefixPredictor(model, layers=1)
+    if spec == "stats":
+        from .hf import ChannelStatsPredictor
+
+        return ChannelStatsPredictor()
     if spec == "prefix":
         return ModelPrefixPredictor(model, layers=default_prefix_layers(model))
     if spec.startswith("prefix:"):

@@ -208,6 +208,8 @@ def calibrate(
     if not samples:
         raise ValueError("samples: at least one calibration prompt is needed")
     fits = callable(getattr(predictor, "fit", None))
+    # a predictor that learns from the calibration caches themselves (ChannelStatsPredictor)
+    learns = callable(getattr(predictor, "fit_from_caches", None))
     if producer is None:
         producer = other_kernels if callable(getattr(predictor, "prefix", None)) else prefill
     iterator: Iterable[torch.Tensor] = samples
@@ -221,7 +223,7 @@ def calibrate(
     with torch.no_grad():
         for ids in iterator:
             truths.append(producer(model, ids))
-            if not fits:
+            if not fits and not learns:
                 layerwise = is_layerwise(predictor)
                 whole.append(walk(predictor.start(ids), truths[-1], _as_float) if layerwise else predictor.predict(ids))
             tokens += ids.numel()
@@ -239,6 +241,9 @@ def calibrate(
                 total[layer, kv] += t64.sum(dim=(0, 2))
                 amax[layer, kv] = max(amax[layer, kv], t64.abs().max())
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
+    if learns:
+        predictor.fit_from_caches(truths)
+        whole = [predictor.predict(ids) for ids in samples]
     if fits:
         preds = _fitted_predictions(predictor, samples, truths, scales, progress)
     else:
@@ -296,7 +301,7 @@ def calibrate(
         fp8_scales=scales,
         means=(total / count).float(),
         metadata=metadata,
-        predictor_state=dict(state_dict()) if fits and callable(state_dict) else {},
+        predictor_state=dict(state_dict()) if (fits or learns) and callable(state_dict) else {},
         sigma_rel=sigma_rel,
         sigma_rel_fp8=sigma_rel_fp8,
         joint={v: fit.solve(joint_layers, JOINT_SHRINKAGE) for v, fit in fits_joint.items()},

@@ -28,7 +28,7 @@ from .._speckv import CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise, walk
-from .predictors import Fp8Predictor, Predictor, describe, fixed_threads
+from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
 
 # Tokens per block of the container: what a reader can address (and what a prefix store
@@ -699,6 +699,8 @@ def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
         threads = description.get("threads", 1)
         dtype = getattr(torch, str(description.get("compute_dtype", "float32")))
         return Fp8Predictor(model, block_size=block, threads="all" if threads == "any" else int(threads), dtype=dtype)
+    if name == "channel-stats":
+        return ChannelStatsPredictor()  # its means come from the calibration's state
     raise CalibrationMismatchError(f"the calibration's predictor {description} is not built in: pass predictor=")
 
 

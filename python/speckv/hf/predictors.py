@@ -156,17 +156,42 @@ class Fp8Predictor:
 
 class ChannelStatsPredictor:
     """No model: predicts every position as the per-(layer, K/V, head, channel) mean seen in
-    calibration. The cheap baseline."""
+    calibration. The cheap baseline, and with the joint residual model the answer to "how far
+    does a cache compress with no forward pass at all?". Without ``means`` it learns them from
+    the calibration caches (``fit_from_caches``) and keeps them in the calibration file."""
 
-    def __init__(self, means: torch.Tensor) -> None:
-        if means.ndim != 4 or means.shape[1] != 2:
+    def __init__(self, means: torch.Tensor | None = None) -> None:
+        if means is not None and (means.ndim != 4 or means.shape[1] != 2):
             raise ValueError("means: expected shape [layers, 2, kv_heads, head_dim]")
-        self.means = means.float()
+        self.means = means.float() if means is not None else None
+        self._given = means is not None
 
     def describe(self) -> dict[str, Any]:
         return {"name": "channel-stats"}
 
+    def fit_from_caches(self, caches: list[KV]) -> None:
+        """The per-channel means of the calibration caches (kept as given, if given)."""
+        if self._given:
+            return
+        total, count = None, 0
+        for kv in caches:
+            layer_sums = torch.stack([torch.stack([t.double().sum(dim=(0, 2)) for t in pair]) for pair in kv])
+            total = layer_sums if total is None else total + layer_sums
+            count += kv[0][0].shape[0] * kv[0][0].shape[2]
+        if total is None:
+            raise ValueError("caches: at least one is needed")
+        self.means = (total / count).float()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {} if self.means is None else {"means": self.means}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if "means" in state:
+            self.means = state["means"].float()
+
     def predict(self, input_ids: torch.Tensor) -> KV:
+        if self.means is None:
+            raise ValueError("ChannelStatsPredictor: no means yet (give them, or calibrate first)")
         batch, seq = input_ids.shape
         out = []
         for layer in self.means:
