@@ -26,7 +26,7 @@ def test_joint_fit_recovers_a_conditional_structure():
         base = torch.randn(1, 1, 500, 1, generator=g, dtype=torch.float64)
         k = torch.cat([base, 2 * base + 0.01 * torch.randn(1, 1, 500, 1, generator=g)], dim=3)
         v = torch.cat([-base + 0.3, 0.1 * torch.randn(1, 1, 500, 1, generator=g)], dim=3)
-        fit.add(0, k, v)
+        fit.add(0, k, v, torch.zeros_like(k), torch.zeros_like(v))
     out = fit.solve([0], shrinkage=0.0)
     coef, offset, sigma = out["coef"][0], out["offset"][0], out["sigma"][0].reshape(-1)
     assert torch.allclose(coef[1, 0], torch.tensor(2.0), atol=0.01)  # K1 from K0
@@ -115,7 +115,7 @@ def test_joint_fit_structures_condition_on_less():
     for _ in range(10):
         base = torch.randn(1, 1, 400, 1, generator=g, dtype=torch.float64)
         k = torch.cat([base, base + 0.1 * torch.randn(1, 1, 400, 1, generator=g)], dim=3)
-        fit.add(0, k, k.flip(3) + 1.0)
+        fit.add(0, k, k.flip(3) + 1.0, torch.zeros_like(k), torch.zeros_like(k))
     full, within, offset = (fit.solve([0], 0.0, s) for s in ("full", "within", "offset"))
     assert float(full["coef"][0, 2:, :2].abs().sum()) > 0.5  # V on K
     assert float(within["coef"][0, 2:, :2].abs().sum()) == 0.0 and float(within["coef"][0, 1, 0]) > 0.5
@@ -143,3 +143,16 @@ def test_a_predictor_free_codec_learns_its_means_and_codes_jointly(tmp_path):
     again = SpeculativeCodec.load(str(path), model)  # rebuilds the predictor, means from the file
     assert isinstance(again.predictor, ChannelStatsPredictor)
     assert_same(again, "bf16", cache, extract_kv(again.decompress(data, prompt, dequantize=False)))
+
+
+def test_joint_fit_finds_a_gain_on_the_prediction():
+    g = torch.Generator().manual_seed(3)
+    fit = JointFit(1, 1, 1)
+    for _ in range(10):
+        mu = torch.randn(1, 1, 500, 1, generator=g, dtype=torch.float64)
+        noise = 0.05 * torch.randn(1, 1, 500, 1, generator=g, dtype=torch.float64)
+        fit.add(0, 0.25 * mu + noise, noise, mu, mu)  # the truth is 1.25 mu for K
+    affine, offset = fit.solve([0], 0.0, "affine"), fit.solve([0], 0.0, "offset")
+    assert abs(float(affine["scale"][0, 0]) - 1.25) < 0.01 and abs(float(affine["scale"][0, 1]) - 1.0) < 0.01
+    assert float(offset["scale"].sub(1).abs().max()) == 0.0
+    assert float(affine["sigma"][0, 0, 0, 0]) < 0.06 < float(offset["sigma"][0, 0, 0, 0])

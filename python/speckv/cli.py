@@ -368,6 +368,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 ABLATION = (
     ("static per-channel sigma (reference model)", None),
     ("+ mean residual per channel", "offset"),
+    ("+ a gain on each channel's prediction", "affine"),
     ("+ earlier channels of the same K or V", "within"),
     ("+ the keys, for the values (full joint model)", "full"),
 )

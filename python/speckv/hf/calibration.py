@@ -257,6 +257,7 @@ def calibrate(
     for i, true in enumerate(truths):
         for layer, pair in enumerate(true):
             errors: dict[str, list[torch.Tensor]] = {"bf16": [], "fp8": []}
+            mus: dict[str, list[torch.Tensor]] = {"bf16": [], "fp8": []}
             for kv, t in enumerate(pair):
                 s = float(scales[layer, kv])
                 t64 = t.double()
@@ -270,9 +271,11 @@ def calibrate(
                     rel["fp8"].add(layer, kv, q - p8, p8)
                 errors["bf16"].append(t64 - p)
                 errors["fp8"].append(q - p8)
+                mus["bf16"].append(p)
+                mus["fp8"].append(p8)
             if layer in joint_layers:
                 for v, fit in fits_joint.items():
-                    fit.add(layer, *errors[v])
+                    fit.add(layer, *errors[v], *mus[v])
     sigma = (sq / count).sqrt().float()
     sigma_fp8 = (sq8 / count).sqrt().float()
     sigma_rel = sigma_rel_fp8 = None
@@ -325,19 +328,36 @@ class JointFit:
         self.gram = torch.zeros(layers, c, c, dtype=torch.float64)
         self.sum = torch.zeros(layers, c, dtype=torch.float64)
         self.n = torch.zeros(layers, dtype=torch.float64)
+        # for the per-channel gain on the prediction (structure "affine" and above): sums of
+        # mu, mu^2 and mu*e per channel, and the cross grams that correct `gram` for it
+        self.mu_sum = torch.zeros(layers, c, dtype=torch.float64)
+        self.gram_me = torch.zeros(layers, c, c, dtype=torch.float64)
+        self.gram_mm = torch.zeros(layers, c, c, dtype=torch.float64)
 
-    def add(self, layer: int, k_error: torch.Tensor, v_error: torch.Tensor) -> None:
-        """One prompt's residuals of a layer, ``[batch, heads, tokens, dim]`` each."""
-        rows = [e.permute(0, 2, 1, 3).reshape(-1, self.heads * self.dim) for e in (k_error, v_error)]
-        e = torch.cat(rows, dim=1).double()
+    def add(
+        self, layer: int, k_error: torch.Tensor, v_error: torch.Tensor, k_mu: torch.Tensor, v_mu: torch.Tensor
+    ) -> None:
+        """One prompt's residuals of a layer and the predictions they are from, ``[batch,
+        heads, tokens, dim]`` each."""
+
+        def rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            flat = [t.permute(0, 2, 1, 3).reshape(-1, self.heads * self.dim) for t in (a, b)]
+            return torch.cat(flat, dim=1).double()
+
+        e, m = rows(k_error, v_error), rows(k_mu, v_mu)
         self.gram[layer] += e.T @ e
         self.sum[layer] += e.sum(dim=0)
         self.n[layer] += e.shape[0]
+        self.mu_sum[layer] += m.sum(dim=0)
+        self.gram_me[layer] += m.T @ e
+        self.gram_mm[layer] += m.T @ m
 
     # What each structure conditions a channel on (``speckv eval --ablate`` compares them):
-    # "offset" only the mean residual, "within" also the earlier channels of its own K or V,
-    # "full" also, for V, every K channel of the same token.
-    STRUCTURES = ("offset", "within", "full")
+    # "offset" only the mean residual, "affine" also a gain on its own prediction, "within"
+    # also the earlier channels of its own K or V, "full" also, for V, every K channel of the
+    # same token.
+    # "affine" adds a gain on the channel's own prediction: mu' = scale * mu + ...
+    STRUCTURES = ("offset", "affine", "within", "full")
 
     def solve(self, layers: list[int], shrinkage: float, structure: str = "full") -> dict[str, torch.Tensor]:
         if structure not in self.STRUCTURES:
@@ -347,10 +367,28 @@ class JointFit:
         offset = torch.zeros(n_layers, c, dtype=torch.float64)
         sigma = torch.zeros(n_layers, c, dtype=torch.float64)
         eye = torch.eye(c, dtype=torch.float64)
+        scale = torch.ones(n_layers, c, dtype=torch.float64)
         for layer in layers:
             n = float(self.n[layer].clamp(min=1))
-            mean = self.sum[layer] / n
-            cov = self.gram[layer] / n - torch.outer(mean, mean)
+            gram, total = self.gram[layer], self.sum[layer]
+            if structure != "offset":
+                # least squares of e on mu per channel (ridge 1e-3 of mu's variance), then the
+                # statistics of the corrected residual e - g mu
+                mu_mean = self.mu_sum[layer] / n
+                var_mu = self.gram_mm[layer].diagonal() / n - mu_mean**2
+                cov_me = self.gram_me[layer].diagonal() / n - mu_mean * total / n
+                g = cov_me / (var_mu * 1.001 + 1e-12)
+                g = _half_exact(1 + g).double() - 1  # what the file stores, exactly
+                gram = (
+                    gram
+                    - g[:, None] * self.gram_me[layer]
+                    - self.gram_me[layer].T * g[None, :]
+                    + g[:, None] * self.gram_mm[layer] * g[None, :]
+                )
+                total = total - g * self.mu_sum[layer]
+                scale[layer] = 1 + g
+            mean = total / n
+            cov = gram / n - torch.outer(mean, mean)
             diag = cov.diagonal().clamp(min=1e-12)
             # few tokens per channel: a sample covariance overfits, so shrink harder
             lam = min(1.0, max(shrinkage, 2 * c / n))
@@ -372,6 +410,7 @@ class JointFit:
         return {
             "coef": _half_exact(coef),
             "offset": _half_exact(offset),
+            "scale": _half_exact(scale),
             "sigma": sigma.reshape(n_layers, 2, self.heads, self.dim).float(),
         }
 
@@ -391,7 +430,14 @@ def _pack_joint(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     ``offset`` in float16 (exact: ``_half_exact``), ``sigma`` in float32."""
     coef = parts["coef"]
     rows, cols = torch.tril_indices(coef.shape[1], coef.shape[2], offset=-1)
-    return {"coef_tril": coef[:, rows, cols].half(), "offset": parts["offset"].half(), "sigma": parts["sigma"].float()}
+    packed = {
+        "coef_tril": coef[:, rows, cols].half(),
+        "offset": parts["offset"].half(),
+        "sigma": parts["sigma"].float(),
+    }
+    if "scale" in parts:
+        packed["scale"] = parts["scale"].half()
+    return packed
 
 
 def _unpack_joint(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -402,7 +448,10 @@ def _unpack_joint(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     coef = torch.zeros(layers, c, c, dtype=torch.float32)
     rows, cols = torch.tril_indices(c, c, offset=-1)
     coef[:, rows, cols] = parts["coef_tril"].float()
-    return {"coef": coef, "offset": offset, "sigma": parts["sigma"].float()}
+    out = {"coef": coef, "offset": offset, "sigma": parts["sigma"].float()}
+    if "scale" in parts:
+        out["scale"] = parts["scale"].float()
+    return out
 
 
 class _RelativeFit:

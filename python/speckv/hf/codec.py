@@ -224,11 +224,17 @@ class SpeculativeCodec:
             return fp8_quantize(true, float(self._calibration().fp8_scales[layer, kv]))
         return true.to(MODES[mode])
 
-    def _mu(self, mode: str, layer: int, kv: int, pred: torch.Tensor) -> torch.Tensor:
-        """The prediction in the stored dtype's units, float32."""
-        if mode == "fp8":
-            return pred.float() / float(self._calibration().fp8_scales[layer, kv])
-        return pred.float()
+    def _mu(self, mode: str, layer: int, kv: int, pred: torch.Tensor, joint: bool = False) -> torch.Tensor:
+        """The prediction in the stored dtype's units, float32; with the joint model, times its
+        per-channel gain (one correctly rounded float32 product per scalar: the same on every
+        machine)."""
+        cal = self._calibration()
+        mu = pred.float() / float(cal.fp8_scales[layer, kv]) if mode == "fp8" else pred.float()
+        if joint and layer in _joint_layers(cal) and "scale" in cal.joint[_joint_key(mode)]:
+            heads, dim = mu.shape[1], mu.shape[3]
+            scale = cal.joint[_joint_key(mode)]["scale"][layer, kv * heads * dim : (kv + 1) * heads * dim]
+            mu = mu * scale.reshape(heads, dim)[None, :, None, :]
+        return mu
 
     def _sigma_parts(
         self, mode: str, layer: int, kv: int, joint: bool = False
@@ -259,7 +265,7 @@ class SpeculativeCodec:
         """(stored tensor or None, mu, sigma codes) of one layer's K or V in `mode`: exactly
         what encoder and decoder code with, on any machine."""
         x = self._stored(mode, layer, kv, true) if true is not None else None
-        mu = self._mu(mode, layer, kv, pred)
+        mu = self._mu(mode, layer, kv, pred, joint)
         return x, mu, self._sigma_codes(mode, layer, kv, mu, joint)
 
     def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor, joint: bool = False) -> np.ndarray:
@@ -574,7 +580,7 @@ class SpeculativeCodec:
             if not stacked:
                 _, mu, sigma = self._coding(mode, layer, which, None, pred)
                 return mu, sigma
-            mu = self._mu(mode, layer, which, pred)
+            mu = self._mu(mode, layer, which, pred, joint)
             code = self._sigma_codes(mode, layer, which, mu, joint)
             for b in range(len(c.blocks)):
                 start, stop = c.token_range(b)
