@@ -156,3 +156,13 @@ def test_joint_fit_finds_a_gain_on_the_prediction():
     assert abs(float(affine["scale"][0, 0]) - 1.25) < 0.01 and abs(float(affine["scale"][0, 1]) - 1.0) < 0.01
     assert float(offset["scale"].sub(1).abs().max()) == 0.0
     assert float(affine["sigma"][0, 0, 0, 0]) < 0.06 < float(offset["sigma"][0, 0, 0, 0])
+
+
+def test_the_affine_structure_conditions_on_no_other_channel():
+    g = torch.Generator().manual_seed(4)
+    fit = JointFit(1, 1, 1)
+    for _ in range(5):
+        base = torch.randn(1, 1, 300, 1, generator=g, dtype=torch.float64)
+        fit.add(0, base, base, torch.zeros_like(base), torch.zeros_like(base))
+    assert float(fit.solve([0], 0.0, "affine")["coef"].abs().sum()) == 0.0
+    assert float(fit.solve([0], 0.0, "full")["coef"].abs().sum()) > 0.5

@@ -393,7 +393,7 @@ class JointFit:
             # few tokens per channel: a sample covariance overfits, so shrink harder
             lam = min(1.0, max(shrinkage, 2 * c / n))
             cov = (1 - lam) * cov + lam * torch.diag(diag)
-            if structure == "offset":
+            if structure in ("offset", "affine"):
                 cov = torch.diag(diag)
             elif structure == "within":
                 half = c // 2
