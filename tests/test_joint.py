@@ -134,6 +134,11 @@ def test_a_predictor_free_codec_learns_its_means_and_codes_jointly(tmp_path):
     codec = SpeculativeCodec(model, predictor=ChannelStatsPredictor())
     codec.calibrate([ids(64, s) for s in range(8)])
     assert codec.joint and "means" in codec.calibration.predictor_state
+    assert codec.calibration.joint_fits == {}  # the statistics are dropped unless asked for
+    kept = SpeculativeCodec(model, predictor=ChannelStatsPredictor()).calibrate(
+        [ids(64, s) for s in range(2)], keep_joint_fits=True
+    )
+    assert set(kept.joint_fits) == {"bf16", "fp8"}
     prompt = ids(30, 13)
     cache = prefill(model, prompt)
     data = codec.compress(cache, prompt, "bf16")

@@ -391,7 +391,7 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
     samples = prompts(tokenizer, text, args.seq_len, args.samples)
     _say(args, f"calibrating {label} ({_describe_short(predictor)}) on {len(samples)} x {args.seq_len} tokens ...")
     base = SpeculativeCodec(model, None, predictor, fingerprint=fingerprint)
-    cal = base.calibrate(samples, progress=not args.json)
+    cal = base.calibrate(samples, progress=not args.json, keep_joint_fits=True)
     if not cal.joint_fits:
         sys.exit("speckv eval --ablate: the calibration fitted no joint model (every layer has a relative sigma)")
     layers = cal.metadata["joint"]["layers"]

@@ -189,6 +189,7 @@ def calibrate(
     progress: bool = False,
     producer: Callable[[Any, torch.Tensor], KV] | None = None,
     joint: bool = True,
+    keep_joint_fits: bool = False,
 ) -> Calibration:
     """Measures a Calibration from prompts (``input_ids`` tensors of shape ``[1, seq]``).
 
@@ -199,7 +200,8 @@ def calibrate(
     made under other kernels (the usual case: another machine or engine made the cache)
     rather than the exact agreement of identical kernels, which would leave no room for a
     single differing bit. ``joint``: also fit the joint residual model (``JointFit``) for the
-    layers whose sigma is not relative.
+    layers whose sigma is not relative; ``keep_joint_fits``: keep its statistics on the result
+    (``joint_fits``, hundreds of MB for a real model) to solve other structures from.
     """
     from .. import __version__
     from .layerwise import is_layerwise, walk
@@ -252,7 +254,9 @@ def calibrate(
     # layers predicted by the model's own computation get a relative part of sigma
     relative = range(int(getattr(predictor, "layers", 0))) if callable(getattr(predictor, "prefix", None)) else range(0)
     rel = {v: _RelativeFit(len(relative), heads, dim) for v in ("bf16", "fp8")} if relative else {}
-    joint_layers = [layer for layer in range(n_layers) if layer not in relative] if joint else []
+    # the joint model needs K and V of a layer to have one shape (one channel layout)
+    same_shapes = all(k.shape == v.shape for k, v in truths[0])
+    joint_layers = [layer for layer in range(n_layers) if layer not in relative] if joint and same_shapes else []
     fits_joint = {v: JointFit(n_layers, heads, dim) for v in ("bf16", "fp8")} if joint_layers else {}
     for i, true in enumerate(truths):
         for layer, pair in enumerate(true):
@@ -308,7 +312,7 @@ def calibrate(
         sigma_rel=sigma_rel,
         sigma_rel_fp8=sigma_rel_fp8,
         joint={v: fit.solve(joint_layers, JOINT_SHRINKAGE) for v, fit in fits_joint.items()},
-        joint_fits=fits_joint,
+        joint_fits=fits_joint if keep_joint_fits else {},
     )
 
 

@@ -186,6 +186,7 @@ class SpeculativeCodec:
         source: str = "",
         progress: bool = False,
         producer: Any = None,
+        keep_joint_fits: bool = False,
     ) -> Calibration:
         """Measures sigma and fp8 scales on prompts (``input_ids`` of shape ``[1, seq]``), and
         fits a learned predictor's maps (see ``calibrate``)."""
@@ -197,6 +198,7 @@ class SpeculativeCodec:
             source=source,
             progress=progress,
             producer=producer,
+            keep_joint_fits=keep_joint_fits,
         )
         return self.calibration
 
