@@ -210,6 +210,17 @@ def test_demo_model_end_to_end():
     assert 4.0 < bf16["bits_per_scalar"]["with_container"] < 8.5
     assert 1.5 < fp8["bits_per_scalar"]["with_container"] < 4.0
     assert bf16["coded_over_reference_ideal"] < 1.03
+    # no forward pass, and the joint model with coefficients (more tokens than channels)
+    codec = SpeculativeCodec(model, predictor=ChannelStatsPredictor())
+    codec.calibrate(prompts(tokenizer, bundled_text("calibration"), 128, 8))
+    assert float(codec.calibration.joint["bf16"]["coef"].abs().max()) > 0
+    result = evaluate(codec, held_out, ("bf16", "fp8"))
+    assert all(m["exact_round_trip"] for m in result["modes"].values())
+    prompt = held_out[0]
+    cache = prefill(model, prompt)
+    joint = len(codec.compress(cache, prompt, "bf16"))
+    codec.joint = False
+    assert joint < len(codec.compress(cache, prompt, "bf16"))
 
 
 def test_a_plain_predictor_without_describe(calibrated):
