@@ -15,6 +15,9 @@ THREADS_ENV = "SPECKV_NUM_THREADS"
 Model = Literal["exact", "fast"]
 
 
+_EMPTY = np.zeros(0, np.float32)
+
+
 @dataclass(frozen=True)
 class Joint:
     """The joint residual model of one stream (the maths and its exactness rule are in
@@ -34,8 +37,9 @@ class Joint:
     outside: Any = None
 
     def args(self) -> tuple[Any, ...]:
+        # no copies for C-contiguous float32 arrays (a decode builds one per layer and block)
         flat = [np.ascontiguousarray(a, dtype=np.float32).reshape(-1) for a in (self.coef, self.offset)]
-        outside = np.zeros(0, np.float32) if self.outside is None else np.asarray(self.outside, np.float32)
+        outside = _EMPTY if self.outside is None else np.asarray(self.outside, np.float32)
         width = np.shape(self.coef)[-1] if np.ndim(self.coef) else 0
         e = int(width) - int(self.channels)
         return (int(self.channels), int(self.tokens), e, np.ascontiguousarray(outside).reshape(-1), *flat)

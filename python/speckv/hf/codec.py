@@ -172,6 +172,8 @@ class SpeculativeCodec:
         # 9% fewer bits, the predictor dominates the restore anyway), not for layer-wise ones,
         # whose restore it would make slower than the model's prefill (README, "Joint model").
         self.joint = (not is_layerwise(self.predictor)) if joint is None else bool(joint)
+        # per calibration, mode and K/V: the joint model's arrays as the core takes them
+        self._joint_arrays: dict[tuple[int, str, int], tuple[int, np.ndarray, np.ndarray]] = {}
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
         if calibration is not None:
@@ -430,12 +432,20 @@ class SpeculativeCodec:
         """The joint model of a block's K (``which=0``) or V stream: the calibration's
         coefficients of every layer (zero for layers without one), V conditioned on the
         block's K residuals ``outside`` (``[layers, channels, tokens]``)."""
-        m = self._calibration().joint[_joint_key(mode)]
-        coef, offset = m["coef"], m["offset"]
-        c = coef.shape[1] // 2
-        if which == 0:
-            return _api.Joint(c, tokens, coef[:, :c, :c].numpy(), offset[:, :c].numpy())
-        return _api.Joint(c, tokens, coef[:, c:, :].numpy(), offset[:, c:].numpy(), outside)
+        cal = self._calibration()
+        key = (id(cal), _joint_key(mode), which)
+        if key not in self._joint_arrays:
+            # contiguous float32 copies made once: a decode asks for them per layer and block
+            m = cal.joint[_joint_key(mode)]
+            c = m["coef"].shape[1] // 2
+            rows = slice(0, c) if which == 0 else slice(c, 2 * c)
+            cols = slice(0, c) if which == 0 else slice(0, 2 * c)
+            coef = np.ascontiguousarray(m["coef"][:, rows, cols].numpy(), dtype=np.float32)
+            offset = np.ascontiguousarray(m["offset"][:, rows].numpy(), dtype=np.float32)
+            self._joint_arrays = {k: v for k, v in self._joint_arrays.items() if k[0] == id(cal)}
+            self._joint_arrays[key] = (c, coef, offset)
+        c, coef, offset = self._joint_arrays[key]
+        return _api.Joint(c, tokens, coef, offset, outside if which == 1 else None)
 
     @staticmethod
     def read_header(data: bytes) -> container.Container:

@@ -103,6 +103,12 @@ fn joint_runs<W: Word>(
     let mut corrected = vec![0f32; t];
     for local in (0..x.len()).step_by(per_layer) {
         let layer = (start + local) / per_layer;
+        if joint.is_plain(layer) {
+            // invariant J2: the layer against mu as it is, one run
+            let run = local..local + per_layer;
+            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], run);
+            continue;
+        }
         for i in 0..joint.channels {
             let run = local + i * t..local + (i + 1) * t;
             let base = &mu[start + run.start..start + run.end];

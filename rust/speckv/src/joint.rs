@@ -25,6 +25,9 @@
 //! sum each one correctly rounded float32 operation (Rust never fuses them unless asked with
 //! `mul_add`; the loop over tokens vectorises lane-wise without reordering any token's sum),
 //! zero coefficients skipped (by both sides alike), then `mu' = mu + acc`.
+//!
+//! Invariant (J2): a layer whose coefficients and offsets are all zero is coded against `mu`
+//! itself (not `mu + 0.0`, which would turn -0.0 into +0.0), its scalars in one run.
 
 use std::sync::OnceLock;
 
@@ -79,6 +82,16 @@ impl<'a> Joint<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Whether `layer`'s coefficients and offsets are all zero: such a layer is coded against
+    /// `mu` as it is, in one run (invariant J2; no conditional sums, no residuals), which is
+    /// what a calibration without a joint model for that layer asks for.
+    pub fn is_plain(&self, layer: usize) -> bool {
+        let rows = self.channels * self.width();
+        let coef = &self.coef[layer * rows..(layer + 1) * rows];
+        let offset = &self.offset[layer * self.channels..(layer + 1) * self.channels];
+        coef.iter().chain(offset).all(|&v| v == 0.0)
     }
 
     /// Digest of one layer's parameters (and the layout), mixed into each chunk's prediction

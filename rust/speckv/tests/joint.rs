@@ -147,3 +147,32 @@ fn outside_channels_condition_the_stream() {
     decode_into(&data, BitsMut::U16(&mut out), Some(&pred), 2).unwrap();
     assert_eq!(out, c.x);
 }
+
+#[test]
+fn layers_without_coefficients_are_coded_as_they_are() {
+    // invariant J2: an all-zero layer codes like the plain model (one run, mu itself), here
+    // checked on the ideal code length, and still round trips next to a conditioned layer
+    let c = case(4);
+    let mut coef = c.coef.clone();
+    coef[..CHANNELS * CHANNELS].fill(0.0); // layer 0 plain
+    let j = Joint { coef: &coef, ..joint(&c) };
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(j) };
+    assert!(j.is_plain(0) && !j.is_plain(1));
+    let opts = EncodeOptions { chunk_scalars: (CHANNELS * TOKENS) as u32, ..Default::default() };
+    let data = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    let mut out = vec![0u16; c.x.len()];
+    decode_into(&data, BitsMut::U16(&mut out), Some(&pred), 2).unwrap();
+    assert_eq!(out, c.x);
+    let layer = CHANNELS * TOKENS;
+    let shape = [1u64, CHANNELS as u64, TOKENS as u64];
+    let one = SigmaCodes::broadcast(&c.codes, &[CHANNELS, 1], &[1, CHANNELS, TOKENS]).unwrap();
+    let plain = Prediction { mu: &c.mu[..layer], sigma: one.clone(), joint: None };
+    let zero = [0f32; CHANNELS * CHANNELS];
+    let no_offset = [0f32; CHANNELS];
+    let j0 = Joint { coef: &zero, offset: &no_offset, ..joint(&c) };
+    let as_joint = Prediction { mu: &c.mu[..layer], sigma: one, joint: Some(j0) };
+    let x0 = Bits::U16(&c.x[..layer]);
+    let a = ideal_bits(x0, DType::BFloat16, &shape, Some(&plain), &opts).unwrap();
+    let b = ideal_bits(x0, DType::BFloat16, &shape, Some(&as_joint), &opts).unwrap();
+    assert_eq!(a, b);
+}
