@@ -171,3 +171,18 @@ def test_the_affine_structure_conditions_on_no_other_channel():
         fit.add(0, base, base, torch.zeros_like(base), torch.zeros_like(base))
     assert float(fit.solve([0], 0.0, "affine")["coef"].abs().sum()) == 0.0
     assert float(fit.solve([0], 0.0, "full")["coef"].abs().sum()) > 0.5
+
+
+def test_a_recalibrated_codec_codes_with_its_new_coefficients(calibrated):  # noqa: F811
+    model, codec = calibrated
+    other = SpeculativeCodec(model, codec.calibration, codec.predictor, fingerprint=codec.fingerprint)
+    prompt = ids(24, 14)
+    cache = other_kernels(model, prompt)
+    other.compress(cache, prompt, "fp8")  # builds the core's arrays for this calibration
+    other.calibrate([ids(64, s) for s in range(10, 14)])
+    coef = other._joint_model("fp8", 1, 24, None).coef
+    c = coef.shape[1]
+    assert np.array_equal(coef, other.calibration.joint["fp8"]["coef"][:, c:, :].numpy())
+    data = other.compress(cache, prompt, "fp8")
+    back = extract_kv(other.decompress(data, prompt, dequantize=False))
+    assert_same(other, "fp8", cache, back)

@@ -260,21 +260,21 @@ def calibrate(
     fits_joint = {v: JointFit(n_layers, heads, dim) for v in ("bf16", "fp8")} if joint_layers else {}
     for i, true in enumerate(truths):
         for layer, pair in enumerate(true):
+            # per storage mode: the residuals and the predictions of K then V
             errors: dict[str, list[torch.Tensor]] = {"bf16": [], "fp8": []}
             mus: dict[str, list[torch.Tensor]] = {"bf16": [], "fp8": []}
             for kv, t in enumerate(pair):
                 s = float(scales[layer, kv])
-                t64 = t.double()
                 p = preds["bf16"][i][layer][kv].double()
-                sq[layer, kv] += ((t64 - p) ** 2).sum(dim=(0, 2))
-                q = fp8_quantize(t, s).double()
                 p8 = preds["fp8"][i][layer][kv].double() / s
-                sq8[layer, kv] += ((q - p8) ** 2).sum(dim=(0, 2))
+                e, e8 = t.double() - p, fp8_quantize(t, s).double() - p8
+                sq[layer, kv] += (e**2).sum(dim=(0, 2))
+                sq8[layer, kv] += (e8**2).sum(dim=(0, 2))
                 if layer in relative:
-                    rel["bf16"].add(layer, kv, t64 - p, p)
-                    rel["fp8"].add(layer, kv, q - p8, p8)
-                errors["bf16"].append(t64 - p)
-                errors["fp8"].append(q - p8)
+                    rel["bf16"].add(layer, kv, e, p)
+                    rel["fp8"].add(layer, kv, e8, p8)
+                errors["bf16"].append(e)
+                errors["fp8"].append(e8)
                 mus["bf16"].append(p)
                 mus["fp8"].append(p8)
             if layer in joint_layers:
@@ -317,11 +317,13 @@ def calibrate(
 
 
 class JointFit:
-    """The joint residual model of each layer: the residuals of a token's K channels then V
-    channels (``C = 2 x heads x dim``, channel ``(kv, h, d)`` at ``kv*H*D + h*D + d``) as one
-    Gaussian vector, its covariance shrunk toward the diagonal (``(1-l) S + l diag(S)``, ``l`` the
-    larger of ``shrinkage`` and ``2 C / tokens``), then
-    each channel's conditional mean given the channels before it and its conditional sigma:
+    """The joint residual model of each layer. First a gain per channel on its own prediction
+    (``scale = 1 + g``, ``g`` the least-squares slope of the residual on ``mu``); then the
+    remaining residuals of a token's K channels then V channels (``C = 2 x heads x dim``,
+    channel ``(kv, h, d)`` at ``kv*H*D + h*D + d``) as one Gaussian vector, its covariance
+    shrunk toward the diagonal (``(1-l) S + l diag(S)``, ``l`` the larger of ``shrinkage`` and
+    ``2 C / tokens``), then each channel's conditional mean given the channels before it and
+    its conditional sigma:
     from the Cholesky factor ``S = L L^T``, with ``L1 = L / diag(L)``, the coefficients are
     ``I - L1^-1`` (strictly lower) and the sigmas ``diag(L)``. The mean residual is kept as
     an offset: ``mu' = mu + (b_i - sum_j a_ij b_j) + sum_j a_ij e_j``."""
@@ -360,7 +362,6 @@ class JointFit:
     # "offset" only the mean residual, "affine" also a gain on its own prediction, "within"
     # also the earlier channels of its own K or V, "full" also, for V, every K channel of the
     # same token.
-    # "affine" adds a gain on the channel's own prediction: mu' = scale * mu + ...
     STRUCTURES = ("offset", "affine", "within", "full")
 
     def solve(self, layers: list[int], shrinkage: float, structure: str = "full") -> dict[str, torch.Tensor]:

@@ -99,11 +99,6 @@ def _tokens(job: tuple[Any, Any, Any], start: int, stop: int) -> tuple[Any, Any,
     return (x[:, :, start:stop] if x is not None else None), mu[:, :, start:stop], codes
 
 
-def _runs(layers: list[int]) -> list[tuple[int, int]]:
-    """Each layer asked for as its own run ``(layer, layer + 1)``."""
-    return [(layer, layer + 1) for layer in layers]
-
-
 def _joint_key(mode: str) -> str:
     """The calibration's joint model for a storage mode: fp8's own; the 16-bit modes share
     bf16's (fp16 values differ from bf16's by less than the residuals)."""
@@ -172,8 +167,10 @@ class SpeculativeCodec:
         # 9% fewer bits, the predictor dominates the restore anyway), not for layer-wise ones,
         # whose restore it would make slower than the model's prefill (README, "Joint model").
         self.joint = (not is_layerwise(self.predictor)) if joint is None else bool(joint)
-        # per calibration, mode and K/V: the joint model's arrays as the core takes them
-        self._joint_arrays: dict[tuple[int, str, int], tuple[int, np.ndarray, np.ndarray]] = {}
+        # per mode and K/V: the joint model's arrays as the core takes them, for the
+        # calibration they were made from
+        self._joint_source: Calibration | None = None
+        self._joint_arrays: dict[tuple[str, int], tuple[int, np.ndarray, np.ndarray]] = {}
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
         if calibration is not None:
@@ -433,7 +430,10 @@ class SpeculativeCodec:
         coefficients of every layer (zero for layers without one), V conditioned on the
         block's K residuals ``outside`` (``[layers, channels, tokens]``)."""
         cal = self._calibration()
-        key = (id(cal), _joint_key(mode), which)
+        if self._joint_source is not cal:
+            # another calibration (holding it keeps its id from being reused by a new one)
+            self._joint_source, self._joint_arrays = cal, {}
+        key = (_joint_key(mode), which)
         if key not in self._joint_arrays:
             # contiguous float32 copies made once: a decode asks for them per layer and block
             m = cal.joint[_joint_key(mode)]
@@ -442,7 +442,6 @@ class SpeculativeCodec:
             cols = slice(0, c) if which == 0 else slice(0, 2 * c)
             coef = np.ascontiguousarray(m["coef"][:, rows, cols].numpy(), dtype=np.float32)
             offset = np.ascontiguousarray(m["offset"][:, rows].numpy(), dtype=np.float32)
-            self._joint_arrays = {k: v for k, v in self._joint_arrays.items() if k[0] == id(cal)}
             self._joint_arrays[key] = (c, coef, offset)
         c, coef, offset = self._joint_arrays[key]
         return _api.Joint(c, tokens, coef, offset, outside if which == 1 else None)
@@ -512,7 +511,8 @@ class SpeculativeCodec:
                         if which == 0:
                             outside[b] = np.zeros((c.layers, mu_b.shape[2] * mu_b.shape[3], stop - start), np.float32)
                         model = self._joint_model(mode, which, stop - start, outside[b])
-                    for first, last in _runs(wanted) if layers is not None else [(0, c.layers)]:
+                    runs = [(layer, layer + 1) for layer in wanted] if layers is not None else [(0, c.layers)]
+                    for first, last in runs:
                         # read only the chunks that hold the layers asked for
                         chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(last - 1)[0][1])
                         skip = stream.chunks_of(first)[1]
