@@ -75,10 +75,19 @@ def test_whole_prompt_predictors_code_jointly_by_default(calibrated):  # noqa: F
     prompt = ids(24, 12)
     cache = other_kernels(model, prompt)
     data = codec.compress(cache, prompt, "fp8")
-    assert speckv.info(data)["metadata"].get("joint") is True
+    facts = speckv.info(data)
+    assert facts["metadata"].get("joint") is True
+    assert {(s["joint"], s["token_scale"]) for s in facts["streams"]} == {(True, speckv.TokenScale().args())}
     k, v = codec.decompress_layer(data, prompt, 1)
     whole = extract_kv(codec.decompress(data, prompt, dequantize=False))
     assert torch.equal(v.view(torch.uint8), whole[1][1].view(torch.uint8))
+    # without the token scale: other bytes, which the same codec decodes (the streams say how)
+    unscaled = SpeculativeCodec(
+        model, codec.calibration, codec.predictor, fingerprint=codec.fingerprint, token_scale=None
+    )
+    plain = unscaled.compress(cache, prompt, "fp8")
+    assert plain != data and all(s["token_scale"] is None for s in speckv.info(plain)["streams"])
+    assert_same(codec, "fp8", cache, extract_kv(codec.decompress(plain, prompt, dequantize=False)))
     # a damaged coefficient is another calibration: refused before decoding
     cal = codec.calibration
     other = Calibration(

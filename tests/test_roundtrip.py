@@ -277,10 +277,12 @@ def test_vector_and_portable_kernels_write_and_read_the_same_bytes(dtype):
     outside=st.integers(0, 3),
     seed=st.integers(0, 2**32 - 1),
     dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn"]),
+    token_scale=st.one_of(st.none(), st.builds(speckv.TokenScale, st.integers(1, 255), st.integers(1, 255))),
 )
-def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, seed, dtype):
-    """The joint residual model on arbitrary coefficients (zeros included), outside channels
-    and bit patterns: exact on every thread count, refused with other coefficients."""
+def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, seed, dtype, token_scale):
+    """The joint residual model on arbitrary coefficients (zeros included), outside channels,
+    sigmas, token scales and bit patterns: exact on every thread count, refused with other
+    coefficients; the decoder takes the token scale from the stream."""
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 1 << (8 * np.dtype(DTYPES[dtype][1]).itemsize), (layers, channels, tokens)).astype(
         DTYPES[dtype][1]
@@ -295,12 +297,24 @@ def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, see
         coef,
         rng.standard_normal((layers, channels)).astype(np.float32),
         rng.standard_normal((layers, outside, tokens)).astype(np.float32) if outside else None,
+        token_scale,
     )
-    sigma = np.full((channels, 1), 0.5, np.float32)
+    sigma = np.exp2(rng.uniform(-8, 4, (channels, 1))).astype(np.float32)
     data = speckv.encode(x, mu, sigma, chunk_size=channels * tokens, joint=joint)
     assert speckv.encode(x, mu, sigma, chunk_size=channels * tokens, joint=joint, threads=1) == data
+    facts = speckv.info(data)
+    assert facts["joint"] and facts["token_scale"] == (None if token_scale is None else token_scale.args())
+    bare = speckv.Joint(channels, tokens, joint.coef, joint.offset, joint.outside, None)
     for threads in (1, 3):
-        assert same_bits(speckv.decode(data, mu, sigma, joint=joint, threads=threads), x)
+        assert same_bits(speckv.decode(data, mu, sigma, joint=bare, threads=threads), x)
     other = speckv.Joint(channels, tokens, coef + 1.0, joint.offset, joint.outside)
     with pytest.raises(speckv.PredictionMismatchError):
         speckv.decode(data, mu, sigma, joint=other)
+
+
+def test_token_scale_knobs_are_checked():
+    x = np.zeros((1, 2, 8), np.float16)
+    for bad in (speckv.TokenScale(prior=0), speckv.TokenScale(clamp=256), speckv.TokenScale(prior=True)):
+        joint = speckv.Joint(2, 8, np.zeros((1, 2, 2), np.float32), np.ones((1, 2), np.float32), token_scale=bad)
+        with pytest.raises(ValueError, match="token scale"):
+            speckv.encode(x, np.zeros_like(x, np.float32), np.ones((2, 1), np.float32), chunk_size=16, joint=joint)

@@ -15,7 +15,7 @@ coder driven by a Gaussian mixture around the guess stores the true value in a f
 True
 """
 
-from ._api import THREADS_ENV, Joint, decode, encode, ideal_bits, info, residuals, sigma_codes
+from ._api import THREADS_ENV, Joint, TokenScale, decode, encode, ideal_bits, info, residuals, sigma_codes
 from ._arrays import SUPPORTED_DTYPES
 from ._speckv import (
     FORMAT_VERSION,
@@ -35,6 +35,7 @@ __all__ = [
     "THREADS_ENV",
     "ChecksumError",
     "Joint",
+    "TokenScale",
     "CorruptStreamError",
     "PredictionMismatchError",
     "SpeckvError",

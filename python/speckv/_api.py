@@ -19,6 +19,27 @@ _EMPTY = np.zeros(0, np.float32)
 
 
 @dataclass(frozen=True)
+class TokenScale:
+    """The adaptive token scale of a jointly coded stream (``rust/speckv/src/token_scale.rs``):
+    channel ``i`` of a token is coded with its sigma times ``sqrt((prior + E) / (prior + i))``,
+    ``E`` the sum over the token's channels coded before it of their squared standardised
+    residuals, each at most ``clamp``. A token whose residuals run large gets wider
+    distributions for its remaining channels. Both knobs are 1..255; the stream records them."""
+
+    prior: int = 4
+    clamp: int = 25
+
+    def args(self) -> tuple[int, int]:
+        for name, v in (("prior", self.prior), ("clamp", self.clamp)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 255:
+                raise ValueError(f"token scale: {name} must be an int in 1..255, got {v!r}")
+        return int(self.prior), int(self.clamp)
+
+
+DEFAULT_TOKEN_SCALE = TokenScale()
+
+
+@dataclass(frozen=True)
 class Joint:
     """The joint residual model of one stream (the maths and its exactness rule are in
     ``rust/speckv/src/joint.rs``): the tensor is whole layers of ``channels`` x ``tokens``
@@ -28,13 +49,15 @@ class Joint:
 
     ``coef``: ``[layers, channels, outside_channels + channels]``; ``offset``: ``[layers,
     channels]``; ``outside``: ``[layers, outside_channels, tokens]`` residuals (``residuals``)
-    or None."""
+    or None. ``token_scale``: how `encode` adapts each token's sigmas (`TokenScale`; None
+    keeps the calibrated sigmas); the stream records it, so `decode` ignores this field."""
 
     channels: int
     tokens: int
     coef: Any
     offset: Any
     outside: Any = None
+    token_scale: TokenScale | None = DEFAULT_TOKEN_SCALE
 
     def args(self) -> tuple[Any, ...]:
         # no copies for C-contiguous float32 arrays (a decode builds one per layer and block)
@@ -177,7 +200,12 @@ def encode(
         torch_hint=_arrays.is_torch(x),
         model=_check_model(model),
         joint=None if joint is None else joint.args(),
+        token_scale=_token_scale(joint),
     )
+
+
+def _token_scale(joint: Joint | None) -> tuple[int, int] | None:
+    return None if joint is None or joint.token_scale is None else joint.token_scale.args()
 
 
 def _stream_array(data: Any) -> np.ndarray:
@@ -274,4 +302,5 @@ def ideal_bits(
         chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
         model=_check_model(model),
         joint=None if joint is None else joint.args(),
+        token_scale=_token_scale(joint),
     )

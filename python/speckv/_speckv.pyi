@@ -38,6 +38,7 @@ def encode(
     model: str = "exact",
     weights: tuple[int, int, int] | None = None,
     joint: _Joint | None = None,
+    token_scale: tuple[int, int] | None = None,
 ) -> bytes: ...
 def ideal_bits(
     x: _Words,
@@ -52,6 +53,7 @@ def ideal_bits(
     model: str = "exact",
     weights: tuple[int, int, int] | None = None,
     joint: _Joint | None = None,
+    token_scale: tuple[int, int] | None = None,
 ) -> float: ...
 def decode(
     data: npt.NDArray[np.uint8],

@@ -365,12 +365,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
         sys.exit("speckv eval: a round trip was not exact")
 
 
+# (component, JointFit structure, adaptive token scale)
 ABLATION = (
-    ("static per-channel sigma (reference model)", None),
-    ("+ mean residual per channel", "offset"),
-    ("+ a gain on each channel's prediction", "affine"),
-    ("+ earlier channels of the same K or V", "within"),
-    ("+ the keys, for the values (full joint model)", "full"),
+    ("static per-channel sigma (reference model)", None, False),
+    ("+ mean residual per channel", "offset", False),
+    ("+ a gain on each channel's prediction", "affine", False),
+    ("+ earlier channels of the same K or V", "within", False),
+    ("+ the keys, for the values", "full", False),
+    ("+ token scale (full joint model)", "full", True),
 )
 
 
@@ -380,6 +382,7 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
     import dataclasses
     import tempfile
 
+    from ._api import TokenScale
     from .hf import SpeculativeCodec, bundled_text, model_fingerprint
     from .hf.calibration import JOINT_SHRINKAGE
     from .hf.demo import prompts
@@ -397,12 +400,19 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
     layers = cal.metadata["joint"]["layers"]
     held_out = prompts(tokenizer, _text(args.text), args.seq_len, args.prompts)
     rows = []
-    for name, structure in ABLATION:
+    for name, structure, scaled in ABLATION:
         variant = cal
         if structure is not None:
             solved = {m: fit.solve(layers, JOINT_SHRINKAGE, structure) for m, fit in cal.joint_fits.items()}
             variant = dataclasses.replace(cal, joint=solved, joint_fits={})
-        codec = SpeculativeCodec(model, variant, predictor, fingerprint=fingerprint, joint=structure is not None)
+        codec = SpeculativeCodec(
+            model,
+            variant,
+            predictor,
+            fingerprint=fingerprint,
+            joint=structure is not None,
+            token_scale=TokenScale() if scaled else None,
+        )
         _say(args, f"evaluating: {name} ...")
         result = _evaluate(args, codec, held_out)
         with tempfile.TemporaryDirectory() as folder:
@@ -420,7 +430,15 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
             }
             for mode, m in result["modes"].items()
         }
-        rows.append({"component": name, "structure": structure, "calibration_bytes": size, "modes": modes})
+        rows.append(
+            {
+                "component": name,
+                "structure": structure,
+                "token_scale": scaled,
+                "calibration_bytes": size,
+                "modes": modes,
+            }
+        )
     if args.json:
         print(
             json.dumps({"model": label, "predictor": spec, "text": _text_name(args.text), "ablation": rows}, indent=2)

@@ -159,6 +159,7 @@ class SpeculativeCodec:
         *,
         fingerprint: str | None = None,
         joint: bool | None = None,
+        token_scale: _api.TokenScale | None = _api.DEFAULT_TOKEN_SCALE,
     ) -> None:
         self.model = model
         self.predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
@@ -167,6 +168,9 @@ class SpeculativeCodec:
         # 9% fewer bits, the predictor dominates the restore anyway), not for layer-wise ones,
         # whose restore it would make slower than the model's prefill (README, "Joint model").
         self.joint = (not is_layerwise(self.predictor)) if joint is None else bool(joint)
+        # with the joint model: each token's sigmas follow its residuals so far (README,
+        # "Joint model"; None codes with the calibrated sigmas); the container records it
+        self.token_scale = token_scale
         # per mode and K/V: the joint model's arrays as the core takes them, for the
         # calibration they were made from
         self._joint_source: Calibration | None = None
@@ -444,7 +448,7 @@ class SpeculativeCodec:
             offset = np.ascontiguousarray(m["offset"][:, rows].numpy(), dtype=np.float32)
             self._joint_arrays[key] = (c, coef, offset)
         c, coef, offset = self._joint_arrays[key]
-        return _api.Joint(c, tokens, coef, offset, outside if which == 1 else None)
+        return _api.Joint(c, tokens, coef, offset, outside if which == 1 else None, self.token_scale)
 
     @staticmethod
     def read_header(data: bytes) -> container.Container:

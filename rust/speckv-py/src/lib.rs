@@ -13,7 +13,7 @@ use speckv::format::container::{self, Container, StreamLayers};
 use speckv::format::Header;
 use speckv::model::ladder;
 use speckv::model::ModelParams;
-use speckv::{Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes};
+use speckv::{Bits, BitsMut, DType, Error, ModelKind, Prediction, SigmaCodes, TokenScale};
 
 create_exception!(_speckv, SpeckvError, PyValueError, "Base class of every error speckv raises.");
 create_exception!(_speckv, CorruptStreamError, SpeckvError, "The bytes are not a valid speckv stream.");
@@ -205,6 +205,7 @@ fn options(
     chunk_scalars: u32,
     model: &str,
     weights: Option<(u16, u16, u16)>,
+    token_scale: Option<(u8, u8)>,
 ) -> PyResult<EncodeOptions> {
     let mut params = ModelParams::default();
     if let Some((narrow, wide, escape)) = weights {
@@ -213,7 +214,11 @@ fn options(
     }
     let model = ModelKind::from_name(model)
         .ok_or_else(|| SpeckvError::new_err(format!("model: expected 'exact' or 'fast', got {model:?}")))?;
-    Ok(EncodeOptions { threads, chunk_scalars, model, params, ..Default::default() })
+    let token_scale = token_scale.map(|(prior, clamp)| TokenScale { prior, clamp });
+    if let Some(scale) = token_scale {
+        scale.validate().map_err(SpeckvError::new_err)?;
+    }
+    Ok(EncodeOptions { threads, chunk_scalars, model, params, token_scale, ..Default::default() })
 }
 
 fn value_error(m: String) -> PyErr {
@@ -226,7 +231,7 @@ fn mismatch_error(m: String) -> PyErr {
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None, joint=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None, joint=None, token_scale=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode<'py>(
     py: Python<'py>,
@@ -243,6 +248,7 @@ fn encode<'py>(
     model: &str,
     weights: Option<(u16, u16, u16)>,
     joint: Option<JointArgs<'py>>,
+    token_scale: Option<(u8, u8)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
@@ -254,7 +260,7 @@ fn encode<'py>(
     };
     let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
-    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model, weights)? };
+    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model, weights, token_scale)? };
     let stream =
         py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
@@ -262,7 +268,7 @@ fn encode<'py>(
 
 /// Ideal code length in bits under exactly the model `encode` uses.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None, joint=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None, joint=None, token_scale=None))]
 #[allow(clippy::too_many_arguments)]
 fn ideal_bits<'py>(
     py: Python<'py>,
@@ -278,6 +284,7 @@ fn ideal_bits<'py>(
     model: &str,
     weights: Option<(u16, u16, u16)>,
     joint: Option<JointArgs<'py>>,
+    token_scale: Option<(u8, u8)>,
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
@@ -289,7 +296,7 @@ fn ideal_bits<'py>(
     };
     let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
-    let opts = options(threads, chunk_scalars, model, weights)?;
+    let opts = options(threads, chunk_scalars, model, weights, token_scale)?;
     py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
 }
 
@@ -362,6 +369,8 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
     d.set_item("predicted", h.predicted())?;
     d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
     d.set_item("model", h.model_name())?;
+    d.set_item("joint", h.flags & speckv::format::header::FLAG_JOINT != 0)?;
+    d.set_item("token_scale", h.token_scale.map(|s| (s.prior, s.clamp)))?;
     d.set_item("lanes", h.lanes)?;
     d.set_item("n_scalars", h.n_scalars)?;
     d.set_item("chunk_scalars", h.chunk_scalars)?;

@@ -105,6 +105,9 @@ pub struct StreamModel {
     /// Predictor-free contexts: scalar `i` uses model `(i % context_period) % raw_contexts`.
     pub raw_contexts: usize,
     pub context_period: usize,
+    /// The adaptive token scale of jointly coded layers (`crate::token_scale`); `None` for
+    /// streams without the joint model and ones coded without it.
+    pub token_scale: Option<crate::token_scale::TokenScale>,
 }
 
 impl StreamModel {
@@ -133,6 +136,7 @@ impl StreamModel {
             predicted,
             raw_contexts: raw_contexts.max(1),
             context_period: context_period.max(1),
+            token_scale: None,
         }
     }
 

@@ -4,14 +4,15 @@ use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
 use crate::format::header::{
-    chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS,
-    MAX_SCALARS,
+    chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED, FLAG_TOKEN_SCALE, FLAG_TORCH_HINT,
+    MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
 use crate::hash::{checksum, Hasher};
 use crate::joint::{residuals, Joint};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
+use crate::token_scale::{TokenEnergy, TokenScale};
 use crate::words::{Bits, BitsMut, Word};
 use crate::DType;
 
@@ -31,6 +32,9 @@ pub struct EncodeOptions {
     pub torch_hint: bool,
     /// The model predicted scalars are coded with.
     pub model: ModelKind,
+    /// The adaptive token scale of streams coded with the joint model (ignored without one;
+    /// `None` codes them with their calibrated sigmas).
+    pub token_scale: Option<TokenScale>,
 }
 
 impl Default for EncodeOptions {
@@ -41,6 +45,7 @@ impl Default for EncodeOptions {
             params: ModelParams::default(),
             torch_hint: false,
             model: ModelKind::Exact,
+            token_scale: Some(TokenScale::default()),
         }
     }
 }
@@ -87,47 +92,73 @@ fn joint_fingerprint(plain: u64, joint: &Joint, range: &std::ops::Range<usize>) 
 }
 
 /// Codes (or, with `decode`, decodes) a chunk of whole layers channel by channel, each
-/// channel's run of tokens against its conditional mu (`crate::joint`, invariant J1); `x`
-/// and `codes` are the chunk's, `mu` the whole tensor's. One pass serves both directions, so
+/// channel's run of tokens against its conditional mu (`crate::joint`, invariant J1) and, with
+/// a token scale, sigma codes scaled per token (`crate::token_scale`, invariant J3); `x` and
+/// `codes` are the chunk's, `mu` the whole tensor's. One pass serves both directions, so
 /// encoder and decoder cannot disagree on the order.
 fn joint_runs<W: Word>(
-    dtype: DType,
+    model: &StreamModel,
     joint: &Joint,
     x: &mut [W],
     mu: &[f32],
+    codes: &[i16],
     start: usize,
-    mut code_run: impl FnMut(&mut [W], &[f32], std::ops::Range<usize>),
+    mut code_run: impl FnMut(&mut [W], &[f32], &[i16]),
 ) {
-    let (t, per_layer) = (joint.tokens, joint.layer_scalars());
+    let (t, per_layer, dtype) = (joint.tokens, joint.layer_scalars(), model.dtype);
     let mut own = vec![0f32; per_layer];
     let mut corrected = vec![0f32; t];
+    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t]));
     for local in (0..x.len()).step_by(per_layer) {
         let layer = (start + local) / per_layer;
         if joint.is_plain(layer) {
             // invariant J2: the layer against mu as it is, one run
             let run = local..local + per_layer;
-            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], run);
+            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
             continue;
+        }
+        if let Some((e, _)) = &mut energy {
+            e.reset();
         }
         for i in 0..joint.channels {
             let run = local + i * t..local + (i + 1) * t;
             let base = &mu[start + run.start..start + run.end];
             joint.conditional(layer, i, base, &own, &mut corrected);
-            code_run(&mut x[run.clone()], &corrected, run.clone());
+            let calibrated = &codes[run.clone()];
+            match &mut energy {
+                Some((e, scaled)) => {
+                    e.codes(i, calibrated, scaled);
+                    code_run(&mut x[run.clone()], &corrected, scaled);
+                    e.add(dtype, &x[run.clone()], &corrected, calibrated);
+                }
+                None => code_run(&mut x[run.clone()], &corrected, calibrated),
+            }
             residuals(dtype, &x[run], base, &mut own[i * t..(i + 1) * t]);
         }
     }
 }
 
 /// The options' checks and the layout facts shared by encode and ideal_bits.
-fn stream_model(dtype: DType, shape: &[u64], options: &EncodeOptions) -> Result<StreamModel> {
+fn stream_model(
+    dtype: DType,
+    shape: &[u64],
+    options: &EncodeOptions,
+    prediction: Option<&Prediction>,
+) -> Result<StreamModel> {
     if options.chunk_scalars == 0 || options.chunk_scalars > MAX_CHUNK_SCALARS {
         return invalid(format!("chunk size must be in 1..={MAX_CHUNK_SCALARS}"));
     }
     let (params, kind) = (options.params, options.model);
     params.validate().map_err(|m| Error::InvalidArgument(format!("model parameters: {m}")))?;
     let period = shape.last().copied().unwrap_or(1).max(1) as usize;
-    Ok(StreamModel::new(dtype, params, kind, period.min(DEFAULT_RAW_CONTEXTS), period))
+    let mut model = StreamModel::new(dtype, params, kind, period.min(DEFAULT_RAW_CONTEXTS), period);
+    if prediction.is_some_and(|p| p.joint.is_some()) {
+        if let Some(scale) = options.token_scale {
+            scale.check()?;
+            model.token_scale = Some(scale);
+        }
+    }
+    Ok(model)
 }
 
 /// Dispatches on the word width, binding `$x` to `&[u8]`, `&[u16]` or `&[u32]`.
@@ -255,8 +286,8 @@ fn code_chunk<W: Word, S: SymbolSink, const N: usize>(
             // the encoder's words are only read; `joint_runs` takes a slice it may write
             let mut words = x[range.clone()].to_vec();
             let mut escapes = model.escapes();
-            joint_runs(model.dtype, joint, &mut words, p.mu, range.start, |run_x, corrected, run| {
-                model.encode_predicted_with(lanes, &mut escapes, run_x, corrected, &codes[run]);
+            joint_runs(model, joint, &mut words, p.mu, codes, range.start, |run_x, corrected, run_codes| {
+                model.encode_predicted_with(lanes, &mut escapes, run_x, corrected, run_codes);
             });
             joint_fingerprint(plain, joint, &range)
         }),
@@ -284,7 +315,7 @@ pub fn encode(
     options: &EncodeOptions,
 ) -> Result<Vec<u8>> {
     let n = checked_scalars(x, dtype, shape, prediction)?;
-    let model = stream_model(dtype, shape, options)?;
+    let model = stream_model(dtype, shape, options, prediction)?;
     let chunk = options.chunk_scalars as usize;
     check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
@@ -302,6 +333,7 @@ pub fn encode(
         flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
             | if options.torch_hint { FLAG_TORCH_HINT } else { 0 }
             | if prediction.is_some_and(|p| p.joint.is_some()) { FLAG_JOINT } else { 0 }
+            | if model.token_scale.is_some() { FLAG_TOKEN_SCALE } else { 0 }
             | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast {
                 FLAG_FAST_MODEL
             } else {
@@ -314,6 +346,7 @@ pub fn encode(
         lanes: LANES as u8,
         params: options.params,
         raw_contexts: model.raw_contexts as u16,
+        token_scale: model.token_scale,
         context_period: model.context_period.min(u32::MAX as usize) as u32,
         table_digest: if prediction.is_some() { model.table_digest() } else { 0 },
         fingerprint: 0,
@@ -346,7 +379,7 @@ pub fn ideal_bits(
     options: &EncodeOptions,
 ) -> Result<f64> {
     let n = checked_scalars(x, dtype, shape, prediction)?;
-    let model = stream_model(dtype, shape, options)?;
+    let model = stream_model(dtype, shape, options, prediction)?;
     let chunk = options.chunk_scalars as usize;
     check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = n.div_ceil(chunk);
@@ -409,8 +442,8 @@ fn decode_words<W: Word, const N: usize>(
                     match &p.joint {
                         Some(joint) => {
                             let mut escapes = model.escapes();
-                            joint_runs(model.dtype, joint, piece, p.mu, start, |run_x, corrected, run| {
-                                model.decode_predicted_with(&mut dec, &mut escapes, run_x, corrected, &codes[run]);
+                            joint_runs(model, joint, piece, p.mu, codes, start, |run_x, corrected, run_codes| {
+                                model.decode_predicted_with(&mut dec, &mut escapes, run_x, corrected, run_codes);
                             })
                         }
                         None => model.decode_predicted(&mut dec, piece, mu, codes),
@@ -510,13 +543,14 @@ pub fn decode_parsed(
         }
         _ => {}
     }
-    let model = StreamModel::new(
+    let mut model = StreamModel::new(
         header.dtype,
         header.params,
         header.model().unwrap_or_default(),
         header.raw_contexts as usize,
         header.context_period as usize,
     );
+    model.token_scale = header.token_scale;
     if header.predicted() {
         if model.table_digest() != header.table_digest {
             return Err(Error::Unsupported(

@@ -26,6 +26,7 @@ pub mod joint;
 pub mod model;
 pub mod parallel;
 pub mod prediction;
+pub mod token_scale;
 pub mod words;
 
 pub use chunk::ModelKind;
@@ -34,4 +35,5 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use exact::kernels;
 pub use prediction::{Prediction, SigmaCodes};
+pub use token_scale::TokenScale;
 pub use words::{Bits, BitsMut, Word};

@@ -5,7 +5,8 @@ use speckv::codec::EncodeOptions;
 use speckv::joint::Joint;
 use speckv::model::ladder::sigma_code;
 use speckv::{
-    decode_chunks_into, decode_into, encode, ideal_bits, Bits, BitsMut, DType, Error, Prediction, SigmaCodes,
+    decode_chunks_into, decode_into, encode, ideal_bits, info, Bits, BitsMut, DType, Error, Prediction, SigmaCodes,
+    TokenScale,
 };
 
 mod common;
@@ -175,4 +176,55 @@ fn layers_without_coefficients_are_coded_as_they_are() {
     let a = ideal_bits(x0, DType::BFloat16, &shape, Some(&plain), &opts).unwrap();
     let b = ideal_bits(x0, DType::BFloat16, &shape, Some(&as_joint), &opts).unwrap();
     assert_eq!(a, b);
+}
+
+#[test]
+fn the_token_scale_follows_each_tokens_size_and_the_stream_records_it() {
+    // residuals whose size depends on the token (x1/8 or x4 of the shared noise): the token
+    // scale learns it from the channels coded first, and the decoder reads its knobs from the
+    // header
+    let mut c = case(5);
+    let mut rng = Rng(50);
+    for layer in 0..LAYERS {
+        for t in 0..TOKENS {
+            let size = if t % 3 == 0 { 4.0 } else { 0.125 };
+            for ch in 0..CHANNELS {
+                let k = (layer * CHANNELS + ch) * TOKENS + t;
+                c.x[k] = bf16(c.mu[k] + size * 0.012 * rng.normal());
+            }
+        }
+    }
+    // a joint layer (not J2-plain) whose mean correction does nothing measurable
+    c.coef.fill(0.0);
+    c.offset.fill(1e-9);
+    c.codes.fill(sigma_code(0.012).unwrap());
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(joint(&c)) };
+    let on = EncodeOptions { chunk_scalars: (CHANNELS * TOKENS) as u32, ..Default::default() };
+    let off = EncodeOptions { token_scale: None, ..on.clone() };
+    let wide = EncodeOptions { token_scale: Some(TokenScale { prior: 1, clamp: 255 }), ..on.clone() };
+    let mut sizes = vec![];
+    for opts in [&on, &off, &wide] {
+        let data = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), opts).unwrap();
+        assert_eq!(info(&data).unwrap().token_scale, opts.token_scale);
+        for threads in [1, 3] {
+            let mut out = vec![0u16; c.x.len()];
+            decode_into(&data, BitsMut::U16(&mut out), Some(&pred), threads).unwrap();
+            assert_eq!(out, c.x);
+        }
+        let mut layer = vec![0u16; CHANNELS * TOKENS];
+        decode_chunks_into(&data, BitsMut::U16(&mut layer), Some(&pred), 1, Some(1..2)).unwrap();
+        assert_eq!(layer, c.x[CHANNELS * TOKENS..2 * CHANNELS * TOKENS]);
+        sizes.push(ideal_bits(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), opts).unwrap());
+    }
+    assert!(sizes[0] < 0.9 * sizes[1], "token scale {} vs calibrated sigmas {}", sizes[0], sizes[1]);
+    assert_ne!(sizes[0], sizes[2], "the knobs change the model");
+    // the knobs are range-checked on both sides
+    let zero = EncodeOptions { token_scale: Some(TokenScale { prior: 0, clamp: 25 }), ..on.clone() };
+    let r = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &zero);
+    assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("token scale")));
+    let mut data = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &on).unwrap();
+    let knobs = 24 + 8 * SHAPE.len() + 16 + 2; // header offset +18, after the shape and parameters
+    assert_eq!(&data[knobs..knobs + 2], &[4, 25]);
+    data[knobs] = 0;
+    assert!(matches!(info(&data), Err(Error::Corrupt(m)) if m.contains("token scale")));
 }

@@ -4,8 +4,8 @@
 //! offset  size        field
 //! 0       4           magic "SPKV"
 //! 4       2           format version (2; version 1 is read too, see below)
-//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL, FLAG_JOINT;
-//!                     others 0)
+//! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL, FLAG_JOINT,
+//!                     FLAG_TOKEN_SCALE; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
 //! 10      1           coder lanes per chunk (8)
@@ -15,7 +15,8 @@
 //! 24      8 * ndim    shape
 //! +0      16          model parameters (MODEL_PARAMS_LEN, see write_params)
 //! +16     2           predictor-free contexts
-//! +18     2           reserved, 0
+//! +18     1           token scale prior (FLAG_TOKEN_SCALE; else 0)
+//! +19     1           token scale clamp (FLAG_TOKEN_SCALE; else 0)
 //! +20     4           context period (scalars per channel cycle, the last dimension)
 //! +24     8           table-bank digest (0 when not predicted)
 //! +32     8           prediction fingerprint: XXH3 over the chunks' fingerprints (0 if none)
@@ -43,6 +44,7 @@ use crate::error::{corrupt, Error, Result};
 use crate::hash::checksum;
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
+use crate::token_scale::TokenScale;
 use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"SPKV";
@@ -59,7 +61,10 @@ pub const FLAG_FAST_MODEL: u16 = 1 << 2;
 /// Predicted scalars were coded with the joint residual model (`crate::joint`): whole layers,
 /// channel-major, each channel against a mu corrected by the residuals coded before it.
 pub const FLAG_JOINT: u16 = 1 << 3;
-const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT;
+/// Jointly coded layers scale each token's sigmas by its residuals so far
+/// (`crate::token_scale`); the knobs are at +18. Only with `FLAG_JOINT`.
+pub const FLAG_TOKEN_SCALE: u16 = 1 << 4;
+const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE;
 
 const FIXED_LEN: usize = 24;
 const MODEL_PARAMS_LEN: usize = 16;
@@ -103,6 +108,8 @@ pub struct Header {
     pub lanes: u8,
     pub params: ModelParams,
     pub raw_contexts: u16,
+    /// The token scale's knobs (`FLAG_TOKEN_SCALE`).
+    pub token_scale: Option<TokenScale>,
     pub context_period: u32,
     pub table_digest: u64,
     pub fingerprint: u64,
@@ -230,7 +237,8 @@ impl Header {
         }
         write_params(&mut out, &self.params);
         out.extend_from_slice(&self.raw_contexts.to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        let scale = self.token_scale.map_or([0, 0], |s| [s.prior, s.clamp]);
+        out.extend_from_slice(&scale);
         out.extend_from_slice(&self.context_period.to_le_bytes());
         out.extend_from_slice(&self.table_digest.to_le_bytes());
         out.extend_from_slice(&self.fingerprint.to_le_bytes());
@@ -300,9 +308,16 @@ impl Header {
         }
         let params = read_params(&mut r)?;
         let raw_contexts = r.u16()?;
-        if r.u16()? != 0 {
+        let (prior, clamp) = (r.u8()?, r.u8()?);
+        let token_scale = if flags & FLAG_TOKEN_SCALE != 0 {
+            let scale = TokenScale { prior, clamp };
+            scale.validate().map_err(Error::Corrupt)?;
+            Some(scale)
+        } else if prior != 0 || clamp != 0 {
             return corrupt("reserved header bytes are not zero");
-        }
+        } else {
+            None
+        };
         let context_period = r.u32()?;
         let table_digest = r.u64()?;
         let fingerprint = r.u64()?;
@@ -321,6 +336,9 @@ impl Header {
         let dtype = DType::from_code(dtype_code)?;
         if flags & FLAG_JOINT != 0 && (flags & FLAG_PREDICTED == 0 || dtype.bits() > 16) {
             return corrupt("the joint model codes predicted 8/16-bit streams only");
+        }
+        if flags & FLAG_TOKEN_SCALE != 0 && flags & FLAG_JOINT == 0 {
+            return corrupt("the token scale is set on a stream without the joint model");
         }
         if flags & FLAG_PREDICTED != 0 && dtype.bits() > 16 && flags & FLAG_FAST_MODEL == 0 {
             return corrupt("float32 streams are coded with the fast model, but the flag is missing");
@@ -382,6 +400,7 @@ impl Header {
             lanes,
             params,
             raw_contexts,
+            token_scale,
             context_period,
             table_digest,
             fingerprint,

@@ -20,14 +20,20 @@ pub fn sigma_code(sigma: f32) -> Result<i16> {
     if !(sigma.is_finite() && sigma > 0.0) {
         return Err(Error::InvalidArgument(format!("sigma must be positive and finite, got {sigma}")));
     }
+    Ok(positive_sigma_code(sigma))
+}
+
+/// `sigma_code` of a value the caller knows is positive and finite (reads only its bits).
+#[inline]
+pub fn positive_sigma_code(sigma: f32) -> i16 {
     let bits = sigma.to_bits();
     let exponent = (bits >> 23) as i32;
     if exponent == 0 {
-        return Ok(SIGMA_CODE_MIN as i16);
+        return SIGMA_CODE_MIN as i16;
     }
     let mantissa = bits & 0x7F_FFFF;
     let step = MANTISSA_THRESHOLDS.iter().filter(|&&t| mantissa >= t).count() as i32;
-    Ok((STEPS_PER_OCTAVE * (exponent - 127) + step).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16)
+    (STEPS_PER_OCTAVE * (exponent - 127) + step).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16
 }
 
 /// `2^(r/8)` for `r = 0..8`, from the pure-Rust libm (identical on every platform).
