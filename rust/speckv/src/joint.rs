@@ -28,6 +28,9 @@
 //!
 //! Invariant (J2): a layer whose coefficients and offsets are all zero is coded against `mu`
 //! itself (not `mu + 0.0`, which would turn -0.0 into +0.0), its scalars in one run.
+//!
+//! A stream may also scale each token's sigmas by its residuals so far (`crate::token_scale`,
+//! invariant J3); J2 layers are coded with their sigmas as given.
 
 use std::sync::OnceLock;
 

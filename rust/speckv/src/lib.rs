@@ -7,6 +7,7 @@
 //!
 //! Where to find things: the coder and its invariants in [`coder`], the tables and adaptive
 //! models in [`model`], the byte layout in [`format::header`], per-chunk coding in [`chunk`],
+//! the joint residual model in [`joint`] and its per-token sigma in [`token_scale`],
 //! threading in [`parallel`].
 
 // Streams and fingerprints are defined little-endian, and the fingerprint hashes numbers in

@@ -27,8 +27,8 @@
 //! (a far value, an escape) from inflating the rest of its token.
 //!
 //! Invariant (J3), what keeps both sides in step bit for bit: every step above is one
-//! correctly rounded float32 operation (`1 / sigma` is the ladder's exact `f64` reciprocal
-//! rounded once to f32, `sqrt` is IEEE's, `min` and the sums are exact in their order), the
+//! correctly rounded float32 operation taken in the order written (`1 / sigma` is the ladder's
+//! exact `f64` reciprocal rounded once to f32, `sqrt` is IEEE's, `min` is exact), the
 //! residual is `crate::joint::residuals`' (0 where not finite), and `sigma_code` reads only
 //! bits. The state starts from zero at every layer, so a chunk of whole layers codes alone.
 
