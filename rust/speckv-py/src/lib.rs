@@ -535,6 +535,17 @@ fn kernels() -> &'static str {
     speckv::kernels()
 }
 
+/// The CUDA module's sources (`cuda/`), compiled into the extension so that a wheel carries
+/// exactly the source its tests checked: `speckv.cuda` compiles them just in time on a GPU
+/// machine. `(file name, text)` pairs.
+#[pyfunction]
+fn cuda_sources() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("speckv_params.cuh", include_str!("../../../cuda/speckv_params.cuh")),
+        ("speckv_params.cu", include_str!("../../../cuda/speckv_params.cu")),
+    ]
+}
+
 #[pymodule]
 fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -548,6 +559,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(container_write, m)?)?;
     m.add_function(wrap_pyfunction!(residuals, m)?)?;
     m.add_function(wrap_pyfunction!(container_info, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_sources, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;

@@ -1,0 +1,242 @@
+"""The CUDA module's arithmetic (``cuda/speckv_params.cuh``) built for the host, against the
+Rust path and torch bit for bit: the same source the kernels compile, so a mismatch here is a
+mismatch on the GPU. Needs a C++ compiler (skipped without one); no GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import speckv
+from speckv import _speckv
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA = ROOT / "cuda"
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build cuda/host_shim.cpp for the host")
+    out = tmp_path_factory.mktemp("cuda") / "libspeckv_params.so"
+    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC"]
+    subprocess.run([*cmd, str(CUDA / "host_shim.cpp"), "-o", str(out)], check=True)
+    lib = ctypes.CDLL(str(out))
+    size = ctypes.c_size_t
+    lib.speckv_sigma_codes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, size]
+    lib.speckv_relative_sigma_codes.argtypes = [ctypes.c_void_p] * 4 + [size, size]
+    lib.speckv_fp8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, size]
+    pointer = ctypes.c_void_p
+    lib.speckv_coding_mu.argtypes = [pointer, ctypes.c_float, ctypes.c_int, pointer, pointer, size]
+    return lib
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _floats(n: int, seed: int) -> np.ndarray:
+    """Every kind of float32: random bit patterns (NaNs, infinities, subnormals, both zeros),
+    plus values spread over the magnitudes a cache and a calibration hold."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2**32, n // 2, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    spread = (rng.standard_normal(n - n // 2) * np.exp2(rng.uniform(-30, 30, n - n // 2))).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 448.0, 464.0, 480.0, 1.0, 2**-6, 2**-9], np.float32)
+    return np.concatenate([special, bits, spread]).astype(np.float32)
+
+
+def test_sigma_codes_match_the_rust_ladder(lib):
+    x = _floats(200_000, 1)
+    out = np.empty(x.shape, np.int16)
+    lib.speckv_sigma_codes(_ptr(x), _ptr(out), x.size)
+    valid = np.isfinite(x) & (x > 0)
+    assert np.all(out[~valid] == np.iinfo(np.int16).min)
+    assert np.array_equal(out[valid], speckv.sigma_codes(x[valid]))
+
+
+def test_relative_sigma_codes_match_the_rust_path(lib):
+    rng = np.random.default_rng(2)
+    heads, tokens, dim = 3, 50, 64
+    mu = (rng.standard_normal((1, heads, tokens, dim)) * 4).astype(np.float32)
+    s = np.exp2(rng.uniform(-6, 3, (heads, dim))).astype(np.float32)
+    r = np.exp2(rng.uniform(-8, 0, (heads, dim))).astype(np.float32)
+    want = _speckv.relative_sigma_codes(mu.reshape(-1), s.reshape(-1), r.reshape(-1), heads, tokens, dim)
+    got = np.empty(mu.size, np.int16)
+    for h in range(heads):
+        rows = np.ascontiguousarray(mu[0, h])
+        part = np.empty(rows.size, np.int16)
+        lib.speckv_relative_sigma_codes(_ptr(rows), _ptr(s[h]), _ptr(r[h]), _ptr(part), tokens, dim)
+        got[h * tokens * dim : (h + 1) * tokens * dim] = part
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.0123, 3.7e-3, 17.5])
+def test_fp8_quantisation_matches_torch(lib, scale):
+    torch = pytest.importorskip("torch")
+    from speckv.hf.calibration import fp8_quantize
+
+    x = _floats(100_000, 3)
+    got = np.empty(x.shape, np.uint8)
+    lib.speckv_fp8_quantize(_ptr(x), scale, _ptr(got), x.size)
+    want = fp8_quantize(torch.from_numpy(x), scale).view(torch.uint8).numpy()
+    # torch's NaNs keep the input's sign bit; the codec stores whatever torch wrote
+    assert np.array_equal(got, want), np.flatnonzero(got != want)[:10]
+
+
+def test_coding_mu_matches_the_codec(lib):
+    torch = pytest.importorskip("torch")
+    x = _floats(50_000, 4)
+    gain = np.exp2(np.random.default_rng(5).uniform(-0.5, 0.5, x.size)).astype(np.float16).astype(np.float32)
+    for fp8, scale in ((1, 0.0123), (0, 1.0)):
+        got = np.empty(x.shape, np.float32)
+        lib.speckv_coding_mu(_ptr(x), scale, fp8, _ptr(gain), _ptr(got), x.size)
+        t = torch.from_numpy(x)
+        want = ((t / scale) if fp8 else t) * torch.from_numpy(gain)  # codec.py: _mu
+        assert np.array_equal(got.view(np.uint32), want.numpy().view(np.uint32))
+
+
+def test_the_extension_carries_the_sources_in_cuda():
+    """The wheel compiles exactly what this folder holds (``_speckv.cuda_sources``)."""
+    shipped = dict(_speckv.cuda_sources())
+    assert set(shipped) == {p.name for p in CUDA.glob("speckv_params.cu*")}
+    for name, text in shipped.items():
+        assert text == (CUDA / name).read_text()
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for location in spec.submodule_search_locations if spec else []:
+        for candidate in sorted(Path(location).glob("*/bin/nvcc")):
+            return str(candidate)
+    return None
+
+
+def test_nvcc_compiles_the_kernels(tmp_path):
+    """Syntax rot is caught without a GPU: nvcc (the `nvidia-cuda-nvcc` wheel in CI) builds
+    the kernels for sm_90 with every warning an error."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc (pip install nvidia-cuda-nvcc): the CUDA sources are not compiled here")
+    out = tmp_path / "speckv_params.o"
+    cmd = [nvcc, "-arch=sm_90", "-c", str(CUDA / "speckv_params.cu"), "-o", str(out), "-Werror", "all-warnings"]
+    subprocess.run(cmd, check=True)
+    assert out.stat().st_size > 0
+
+
+def test_nvrtc_compiles_the_kernels_without_a_gpu(tmp_path, monkeypatch):
+    """The just-in-time path up to the GPU: NVRTC compiles the shipped sources to PTX and to
+    a cubin, caches them, and no operation is contracted into a fused multiply-add."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="no cuda-bindings (PyTorch's CUDA wheels install it)")
+    import speckv.cuda
+
+    monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
+    try:
+        ptx = speckv.cuda.compile_ptx("compute_90")
+    except speckv.cuda.CudaUnavailableError as e:
+        pytest.skip(f"NVRTC cannot run here: {e}")
+    text = ptx.decode()
+    for kernel in ("speckv_sigma_codes", "speckv_relative_sigma_codes", "speckv_fp8_quantize", "speckv_coding_mu"):
+        assert f".entry {kernel}(" in text
+    assert "fma." not in text
+    assert speckv.cuda.compile_ptx("sm_90")[:4] == b"\x7fELF"
+    cached = sorted(p.name for p in (tmp_path / "cuda").iterdir())
+    assert len(cached) == 2 and all(speckv.cuda.source_digest() in name for name in cached)
+    assert speckv.cuda.compile_ptx("compute_90") == ptx  # from the cache
+    with pytest.raises(ValueError, match="arch"):
+        speckv.cuda.compile_ptx("90")
+
+
+def test_importing_the_module_needs_neither_torch_nor_cuda():
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['cuda'] = None\n"
+        "import speckv.cuda\n"
+        "assert speckv.cuda.available() is False\n"
+        "try:\n"
+        "    speckv.cuda.compile_ptx(cache=False)\n"
+        "except speckv.cuda.CudaUnavailableError as e:\n"
+        "    assert 'cuda-bindings' in str(e)\n"
+        "else:\n"
+        "    raise AssertionError('compiled without NVRTC')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- on a GPU (skipped without one): the kernels against the CPU path ------------------------
+
+gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
+
+
+@gpu
+def test_gpu_sigma_codes_match_the_rust_ladder():
+    import torch
+
+    import speckv.cuda
+
+    x = _floats(1_000_000, 11)
+    valid = x[np.isfinite(x) & (x > 0)]
+    got = speckv.cuda.sigma_codes(torch.from_numpy(valid).cuda()).cpu().numpy()
+    assert np.array_equal(got, speckv.sigma_codes(valid))
+    with pytest.raises(speckv.SpeckvError, match="positive"):
+        speckv.cuda.sigma_codes(torch.tensor([1.0, 0.0], device="cuda"))
+
+
+@gpu
+def test_gpu_relative_sigma_codes_match_the_rust_path():
+    import torch
+
+    import speckv.cuda
+
+    rng = np.random.default_rng(12)
+    tokens, dim = 3000, 64
+    mu = (rng.standard_normal((1, 1, tokens, dim)) * 4).astype(np.float32)
+    s = np.exp2(rng.uniform(-6, 3, dim)).astype(np.float32)
+    r = np.exp2(rng.uniform(-8, 0, dim)).astype(np.float32)
+    want = _speckv.relative_sigma_codes(mu.reshape(-1), s, r, 1, tokens, dim)
+    got = speckv.cuda.relative_sigma_codes(*(torch.from_numpy(a).cuda() for a in (mu, s, r)))
+    assert np.array_equal(got.cpu().numpy().reshape(-1), want)
+
+
+@gpu
+@pytest.mark.parametrize("scale", [1.0, 0.0123, 17.5])
+def test_gpu_fp8_quantisation_matches_the_cpu(scale):
+    import torch
+
+    import speckv.cuda
+    from speckv.hf.calibration import fp8_quantize
+
+    x = torch.from_numpy(_floats(1_000_000, 13))
+    want = fp8_quantize(x, scale).view(torch.uint8)
+    got = speckv.cuda.fp8_quantize(x.cuda(), scale).view(torch.uint8).cpu()
+    assert torch.equal(got, want)  # NaNs too: the kernel keeps their sign as the CPU does
+    bf16 = x.to(torch.bfloat16)  # what caches hold
+    assert torch.equal(
+        speckv.cuda.fp8_quantize(bf16.cuda(), scale).view(torch.uint8).cpu(),
+        fp8_quantize(bf16, scale).view(torch.uint8),
+    )
+
+
+@gpu
+def test_gpu_coding_mu_matches_the_codec():
+    import torch
+
+    import speckv.cuda
+
+    x = torch.from_numpy(_floats(1_000_000, 14))
+    x = x[: 64 * 10_000].reshape(-1, 64)  # NaNs included: the kernel quiets them as a CPU does
+    gain = torch.exp2(torch.rand(64) - 0.5).half().float()
+    for scale in (0.0123, None):
+        want = ((x / scale) if scale else x) * gain
+        got = speckv.cuda.coding_mu(x.cuda(), scale, gain.cuda()).cpu()
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
