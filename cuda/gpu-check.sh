@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The CUDA module's device check (issue 10), one prepared run on a GPU machine: the GPU tests,
+# then the benchmark, results under $OUT. The extension comes as a wheel built here for the
+# GPU machine's Python (3.12 there), carried in .whl/ (kept out of git by .git/info/exclude):
+#
+#   maturin build --release -i python3.12 -o .whl
+#   device run, carry [".whl"]: bash cuda/gpu-check.sh
+set -uo pipefail
+OUT="${OUT:-/tmp/speckv-gpu-check}"
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/speckv_rs-*cp312*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+python3 -c "import speckv.cuda as c; print('available:', c.available(), 'sources', c.source_digest())" 2>&1 | tee "$OUT/env.txt"
+(cd tests && python3 -m pytest -q -rs test_cuda_source.py) 2>&1 | tee "$OUT/tests.txt"
+python3 benches/bench_cuda.py --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench.txt"
