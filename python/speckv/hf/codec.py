@@ -616,13 +616,12 @@ class SpeculativeCodec:
 
         def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
             """Layers first..stop-1 of K or V, every block of each joined."""
-            blocks = []
-            for b in range(len(c.blocks)):
+
+            def block(b: int, n: int) -> list[Any]:
                 stream = c.stream(b, first, which)
                 if not stacked:
                     _, mu_b, codes_b = _tokens((None, mu, sigma), *c.token_range(b))
-                    blocks.append([_api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=n)])
-                    continue
+                    return [_api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=n)]
                 chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
                 model = None
                 if joint:
@@ -637,7 +636,16 @@ class SpeculativeCodec:
                         res = _api.residuals(got, mus[0, b][first:stop])
                         outside[b][first:stop] = res.reshape(stop - first, -1, got.shape[-1])
                     got = got.transpose(-1, -2)
-                blocks.append(list(got))
+                return list(got)
+
+            if joint and stacked and len(c.blocks) > 1 and n > 1:
+                # a jointly coded layer is one chunk, which one thread decodes: spread the
+                # token blocks over the threads instead (a block's values read only its own
+                # keys' residuals)
+                share = max(1, n // len(c.blocks))
+                blocks = _parallel(lambda b: block(b, share), list(range(len(c.blocks))), n)
+            else:
+                blocks = [block(b, n) for b in range(len(c.blocks))]
             return [_join([blk[i] for blk in blocks]) for i in range(stop - first)]
 
         run = run if run is not None else self.predictor.start(input_ids)
