@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import speckv
+import speckv.cuda
 from speckv import _speckv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,3 +241,48 @@ def test_gpu_coding_mu_matches_the_codec():
         want = ((x / scale) if scale else x) * gain
         got = speckv.cuda.coding_mu(x.cuda(), scale, gain.cuda()).cpu()
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+# -- the codec's device choice ---------------------------------------------------------------
+
+
+def test_the_codec_checks_its_device_argument():
+    pytest.importorskip("transformers")
+    from test_hf import tiny_model
+
+    from speckv.hf import SpeculativeCodec
+
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="device"):
+        SpeculativeCodec(model, device="tpu")
+    if not speckv.cuda.available():
+        with pytest.raises(speckv.cuda.CudaUnavailableError):
+            SpeculativeCodec(model, device="cuda")
+    assert SpeculativeCodec(model, device="cpu").device == "cpu"
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode):
+    """The CUDA module computes the same parameters as the host: a cache and prediction on
+    the GPU give the bytes the same on the host give, which a CPU-only decoder restores."""
+    from test_hf import ids, tiny_model
+    from test_layerwise import assert_same
+
+    from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
+    from speckv.hf.cache import other_kernels
+
+    model = tiny_model("llama")
+    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model))
+    codec.calibrate([ids(64, s) for s in range(4)])
+    prompt = ids(48, 21)
+    cache = other_kernels(model, prompt)
+    pred = codec.predictor.predict(prompt)
+    on_host = codec.compress_predicted(cache, prompt, pred, mode)
+    gpu = [(k.cuda(), v.cuda()) for k, v in cache]
+    gpu_pred = [(k.cuda(), v.cuda()) for k, v in pred]
+    for device in (None, "cuda"):
+        codec.device = device
+        assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == on_host
+    codec.device = None
+    assert_same(codec, mode, cache, extract_kv(codec.decompress(on_host, prompt, dequantize=False)))

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import _api, _speckv, container
+from .. import cuda as speckv_cuda
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
@@ -160,7 +161,16 @@ class SpeculativeCodec:
         fingerprint: str | None = None,
         joint: bool | None = None,
         token_scale: _api.TokenScale | None = _api.DEFAULT_TOKEN_SCALE,
+        device: str | None = None,
     ) -> None:
+        if device not in (None, "cpu", "cuda"):
+            raise ValueError(f"device: expected None, 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and not speckv_cuda.available():
+            raise speckv_cuda.CudaUnavailableError("device='cuda': no CUDA device, or no cuda-bindings package")
+        # where the coding parameters of CUDA tensors are computed: None uses the CUDA module
+        # when it can run (else copies the tensors to the host first), "cpu" always copies,
+        # "cuda" insists on the module (same bits either way: cuda/README.md)
+        self.device = device
         self.model = model
         self.predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         # Code with the calibration's joint residual model where it has one (decoders follow
@@ -223,8 +233,20 @@ class SpeculativeCodec:
         return self.calibration
 
     # -- coding -------------------------------------------------------------------------
+    def _on_gpu(self, t: torch.Tensor) -> bool:
+        """Whether `t`'s coding parameters are computed on its GPU (``device``)."""
+        if not t.is_cuda or self.device == "cpu":
+            return False
+        return self.device == "cuda" or speckv_cuda.available()
+
     def _stored(self, mode: str, layer: int, kv: int, true: torch.Tensor) -> torch.Tensor:
-        """One layer's K or V as `mode` stores it."""
+        """One layer's K or V as `mode` stores it, on the host."""
+        if self._on_gpu(true):
+            if mode == "fp8":
+                scale = float(self._calibration().fp8_scales[layer, kv])
+                return speckv_cuda.fp8_quantize(true, scale).cpu()
+            return true.to(MODES[mode]).cpu()  # bf16 / fp16 from their own dtype: exact
+        true = true.cpu()
         if mode == "fp8":
             return fp8_quantize(true, float(self._calibration().fp8_scales[layer, kv]))
         return true.to(MODES[mode])
@@ -232,13 +254,25 @@ class SpeculativeCodec:
     def _mu(self, mode: str, layer: int, kv: int, pred: torch.Tensor, joint: bool = False) -> torch.Tensor:
         """The prediction in the stored dtype's units, float32; with the joint model, times its
         per-channel gain (one correctly rounded float32 product per scalar: the same on every
-        machine)."""
+        machine), on the host. On a GPU (``_on_gpu``) the CUDA module computes the same bits and
+        only the result crosses."""
         cal = self._calibration()
-        mu = pred.float() / float(cal.fp8_scales[layer, kv]) if mode == "fp8" else pred.float()
+        fp8_scale = float(cal.fp8_scales[layer, kv]) if mode == "fp8" else None
+        gain = None
         if joint and layer in _joint_layers(cal) and "scale" in cal.joint[_joint_key(mode)]:
-            heads, dim = mu.shape[1], mu.shape[3]
-            scale = cal.joint[_joint_key(mode)]["scale"][layer, kv * heads * dim : (kv + 1) * heads * dim]
-            mu = mu * scale.reshape(heads, dim)[None, :, None, :]
+            heads, dim = pred.shape[1], pred.shape[3]
+            gain = cal.joint[_joint_key(mode)]["scale"][layer, kv * heads * dim : (kv + 1) * heads * dim]
+            gain = gain.reshape(heads, dim)
+        if self._on_gpu(pred):
+            if gain is None:
+                return speckv_cuda.coding_mu(pred, fp8_scale).cpu()
+            g = gain.to(pred.device)
+            heads = [speckv_cuda.coding_mu(pred[:, h : h + 1], fp8_scale, g[h]) for h in range(pred.shape[1])]
+            return torch.cat(heads, dim=1).cpu()
+        pred = pred.cpu()
+        mu = pred.float() / fp8_scale if fp8_scale is not None else pred.float()
+        if gain is not None:
+            mu = mu * gain[None, :, None, :]
         return mu
 
     def _sigma_parts(
