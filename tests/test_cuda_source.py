@@ -286,3 +286,48 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode):
         assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == on_host
     codec.device = None
     assert_same(codec, mode, cache, extract_kv(codec.decompress(on_host, prompt, dequantize=False)))
+
+
+def test_a_gpu_fp8_predictor_is_rebuilt_on_the_cpu_where_there_is_no_gpu():
+    pytest.importorskip("transformers")
+    import torch
+    from test_hf import ids, tiny_model
+
+    from speckv.hf import Fp8Predictor
+    from speckv.hf.codec import predictor_from_description
+
+    model = tiny_model("llama")
+    cpu = Fp8Predictor(model)
+    assert "device" not in cpu.describe()  # CPU descriptions are what they were
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            Fp8Predictor(model, device="cuda")
+        # a stream made on a GPU names it; here the predictor runs on the CPU instead
+        again = predictor_from_description(model, {**cpu.describe(), "device": "NVIDIA H200"})
+        assert again.device.type == "cpu"
+        prompt = ids(20, 3)
+        for (k, v), (k2, v2) in zip(cpu.predict(prompt), again.predict(prompt)):
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_the_fp8_predictor_on_the_gpu_restores_exactly(mode):
+    import torch
+    from test_hf import ids, tiny_model
+    from test_layerwise import assert_same
+
+    from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
+    from speckv.hf.cache import other_kernels
+
+    model = tiny_model("llama")
+    predictor = Fp8Predictor(model, device="cuda")
+    assert predictor.describe()["device"] == torch.cuda.get_device_name()
+    prompt = ids(48, 22)
+    first, second = predictor.predict(prompt), predictor.predict(prompt)
+    assert all(torch.equal(a, b) for p, q in zip(first, second) for a, b in zip(p, q))
+    codec = SpeculativeCodec(model, predictor=predictor)
+    codec.calibrate([ids(64, s) for s in range(4)])
+    cache = other_kernels(model, prompt)
+    data = codec.compress([(k.cuda(), v.cuda()) for k, v in cache], prompt, mode)
+    assert_same(codec, mode, cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))

@@ -48,6 +48,12 @@ def model_fingerprint(model: Any) -> str:
     return h.hexdigest()
 
 
+def _on_host(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A prediction made on a GPU (``Fp8Predictor(device="cuda")``), on the host where
+    calibration sums it."""
+    return [(k.cpu(), v.cpu()) for k, v in kv]
+
+
 def fp8_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
     """The cache as vLLM stores it in fp8: ``x / scale`` rounded to float8_e4m3fn, saturated."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -227,7 +233,9 @@ def calibrate(
             truths.append(producer(model, ids))
             if not fits and not learns:
                 layerwise = is_layerwise(predictor)
-                whole.append(walk(predictor.start(ids), truths[-1], _as_float) if layerwise else predictor.predict(ids))
+                whole.append(
+                    walk(predictor.start(ids), truths[-1], _as_float) if layerwise else _on_host(predictor.predict(ids))
+                )
             tokens += ids.numel()
     n_layers = len(truths[0])
     heads, dim = truths[0][0][0].shape[1], truths[0][0][0].shape[3]
@@ -245,7 +253,7 @@ def calibrate(
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
     if learns:
         predictor.fit_from_caches(truths)
-        whole = [predictor.predict(ids) for ids in samples]
+        whole = [_on_host(predictor.predict(ids)) for ids in samples]
     if fits:
         preds = _fitted_predictions(predictor, samples, truths, scales, progress)
     else:

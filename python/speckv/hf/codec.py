@@ -762,7 +762,11 @@ def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
         block = None if scale.startswith("per-tensor") else int(scale.split("x")[0])
         threads = description.get("threads", 1)
         dtype = getattr(torch, str(description.get("compute_dtype", "float32")))
-        return Fp8Predictor(model, block_size=block, threads="all" if threads == "any" else int(threads), dtype=dtype)
+        # made on a GPU: on one here if there is one, else on the CPU (the prediction
+        # fingerprint then says whether the bits agree)
+        device = "cuda" if "device" in description and torch.cuda.is_available() else None
+        threads = "all" if threads == "any" else int(threads)
+        return Fp8Predictor(model, block_size=block, threads=threads, dtype=dtype, device=device)
     if name == "channel-stats":
         return ChannelStatsPredictor()  # its means come from the calibration's state
     raise CalibrationMismatchError(f"the calibration's predictor {description} is not built in: pass predictor=")

@@ -92,6 +92,11 @@ class Fp8Predictor:
     after a probe finds its predictions identical on 1, 2 and all cores (else
     ``ThreadDependenceError``); a decoder whose predictions still differ is refused by the
     stream's prediction fingerprint (``PredictionMismatchError``), never decoded wrongly.
+
+    ``device="cuda"`` runs it on the GPU where the cache lives, with TF32 and reduced-precision
+    reductions off; streams record the GPU's name, since predictions agree on one GPU type and
+    software stack. A decoder elsewhere (a CPU) rebuilds it on what it has, and the prediction
+    fingerprint decides whether the bits agree.
     """
 
     def __init__(
@@ -101,7 +106,11 @@ class Fp8Predictor:
         block_size: int | None = None,
         threads: int | str = 1,
         dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
     ) -> None:
+        self.device = torch.device(device if device is not None else "cpu")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device: no CUDA device here")
         if threads != "all" and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise ValueError(f"threads: expected a positive int or 'all', got {threads!r}")
         self.block_size = block_size
@@ -112,6 +121,7 @@ class Fp8Predictor:
             for module in _decoder_layers(self.model).modules():
                 if isinstance(module, torch.nn.Linear):
                     module.weight.copy_(fp8_round_trip(module.weight, block_size).to(dtype))
+        self.model.to(self.device)
         if threads == "all":
             self.check_thread_invariance()
 
@@ -145,13 +155,38 @@ class Fp8Predictor:
             "compute_dtype": str(self.dtype).replace("torch.", ""),
             "threads": "any" if self.threads == "all" else self.threads,
             "torch": torch.__version__,
+            # only off the CPU, so CPU calibrations and streams keep their descriptions
+            **({"device": torch.cuda.get_device_name(self.device)} if self.device.type == "cuda" else {}),
         }
 
     @torch.no_grad()
     def predict(self, input_ids: torch.Tensor) -> KV:
-        with fixed_threads(self._thread_count()):
-            kv = prefill(self.model, input_ids)
+        with fixed_threads(self._thread_count()), _exact_cuda_matmuls(self.device):
+            kv = prefill(self.model, input_ids.to(self.device))
         return [(k.float(), v.float()) for k, v in kv]
+
+
+@contextlib.contextmanager
+def _exact_cuda_matmuls(device: torch.device) -> Iterator[None]:
+    """On a GPU: float32 products in float32 (no TF32) and no reduced-precision reductions,
+    restored afterwards; nothing on a CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    flags = [
+        (torch.backends.cuda.matmul, "allow_tf32"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+        (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+    ]
+    saved = [getattr(owner, name) for owner, name in flags]
+    try:
+        for owner, name in flags:
+            setattr(owner, name, False)
+        yield
+    finally:
+        for (owner, name), value in zip(flags, saved):
+            setattr(owner, name, value)
 
 
 class ChannelStatsPredictor:
