@@ -8,7 +8,7 @@ use crate::format::header::{
     MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
 use crate::hash::{checksum, Hasher};
-use crate::joint::{residuals, Joint};
+use crate::joint::{residuals, residuals_of, values_into, Joint};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
@@ -108,7 +108,8 @@ fn joint_runs<W: Word>(
     let (t, per_layer, dtype) = (joint.tokens, joint.layer_scalars(), model.dtype);
     let mut own = vec![0f32; per_layer];
     let mut corrected = vec![0f32; t];
-    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t]));
+    // with a token scale: the scaled codes and the run's values (taken against two means)
+    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t], vec![0f32; t]));
     for local in (0..x.len()).step_by(per_layer) {
         let layer = (start + local) / per_layer;
         if joint.is_plain(layer) {
@@ -117,7 +118,7 @@ fn joint_runs<W: Word>(
             code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
             continue;
         }
-        if let Some((e, _)) = &mut energy {
+        if let Some((e, _, _)) = &mut energy {
             e.reset();
         }
         for i in 0..joint.channels {
@@ -125,15 +126,20 @@ fn joint_runs<W: Word>(
             let base = &mu[start + run.start..start + run.end];
             joint.conditional(layer, i, base, &own, &mut corrected);
             let calibrated = &codes[run.clone()];
+            let own_run = &mut own[i * t..(i + 1) * t];
             match &mut energy {
-                Some((e, scaled)) => {
+                Some((e, scaled, values)) => {
                     e.codes(i, calibrated, scaled);
                     code_run(&mut x[run.clone()], &corrected, scaled);
-                    e.add(dtype, &x[run.clone()], &corrected, calibrated);
+                    values_into(dtype, &x[run], values);
+                    e.add(values, &corrected, calibrated);
+                    residuals_of(values, base, own_run);
                 }
-                None => code_run(&mut x[run.clone()], &corrected, calibrated),
+                None => {
+                    code_run(&mut x[run.clone()], &corrected, calibrated);
+                    residuals(dtype, &x[run], base, own_run);
+                }
             }
-            residuals(dtype, &x[run], base, &mut own[i * t..(i + 1) * t]);
         }
     }
 }

@@ -210,6 +210,23 @@ fn wide_kernels() -> bool {
     *WIDE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avx512f"))
 }
 
+/// `out[k] = value(x[k])` in float32 (NaN for non-finite patterns): for a run whose
+/// residuals are taken against two means (`residuals_of`), one table pass instead of two.
+pub(crate) fn values_into<W: Word>(dtype: DType, x: &[W], out: &mut [f32]) {
+    match values(dtype) {
+        Some(t) => out.iter_mut().zip(x).for_each(|(o, &w)| *o = t[w.to_u32() as usize]),
+        None => out.iter_mut().zip(x).for_each(|(o, &w)| *o = f32::from_bits(w.to_u32())),
+    }
+}
+
+/// `residuals` from `values_into`'s values: the same floats.
+pub(crate) fn residuals_of(values: &[f32], mu: &[f32], out: &mut [f32]) {
+    for ((slot, &v), &m) in out.iter_mut().zip(values).zip(mu) {
+        let r = v - m;
+        *slot = if r.is_finite() { r } else { 0.0 };
+    }
+}
+
 /// `out[k] = value(x[k]) - mu[k]` in float32, 0 where that is not finite (invariant J1's `e`).
 pub fn residuals<W: Word>(dtype: DType, x: &[W], mu: &[f32], out: &mut [f32]) {
     let table = values(dtype);

@@ -33,7 +33,7 @@
 //! bits. The state starts from zero at every layer, so a chunk of whole layers codes alone.
 
 use crate::error::{invalid, Result};
-use crate::model::ladder::{positive_sigma_code, SigmaTable, SIGMA_CODE_MAX, SIGMA_CODE_MIN};
+use crate::model::ladder::{normal_sigma_code, SigmaTable, SIGMA_CODE_MAX, SIGMA_CODE_MIN};
 
 /// The token scale's two knobs, as the stream header stores them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,20 +91,37 @@ impl TokenEnergy {
         let prior = self.scale.prior as f32;
         let inverse = 1.0f32 / (prior + i as f32);
         for ((slot, &code), &e) in out.iter_mut().zip(codes).zip(&self.energy) {
+            // ratio >= prior / (prior + i) > 2^-126 and <= 256: a normal float, and so is its
+            // root, whose code `normal_sigma_code` reads without a branch
             let ratio = (prior + e) * inverse;
-            let shift = positive_sigma_code(ratio.sqrt()) as i32;
+            let shift = normal_sigma_code(ratio.sqrt()).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX);
             *slot = (code as i32 + shift).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16;
         }
     }
 
-    /// Adds channel `i`'s coded values to the energy (J3): `corrected` is the mean they were
-    /// coded against, `codes` their calibrated sigma codes.
-    pub(crate) fn add<W: crate::Word>(&mut self, dtype: crate::DType, x: &[W], corrected: &[f32], codes: &[i16]) {
-        crate::joint::residuals(dtype, x, corrected, &mut self.residual);
+    /// Adds channel `i`'s coded values to the energy (J3): `values` are theirs
+    /// (`joint::values_into`), `corrected` the mean they were coded against, `codes` their
+    /// calibrated sigma codes.
+    pub(crate) fn add(&mut self, values: &[f32], corrected: &[f32], codes: &[i16]) {
+        crate::joint::residuals_of(values, corrected, &mut self.residual);
         let (table, clamp) = (SigmaTable::shared(), self.scale.clamp as f32);
-        for ((e, &u), &code) in self.energy.iter_mut().zip(&self.residual).zip(codes) {
-            let z = u * table.get(code).1 as f32;
+        let step = |e: &mut f32, u: f32, inverse: f32| {
+            let z = u * inverse;
             *e += (z * z).min(clamp);
+        };
+        match codes.first() {
+            // a channel's calibrated sigma is one code for all its tokens: one lookup
+            Some(&first) if codes.iter().all(|&c| c == first) => {
+                let inverse = table.get(first).1 as f32;
+                for (e, &u) in self.energy.iter_mut().zip(&self.residual) {
+                    step(e, u, inverse);
+                }
+            }
+            _ => {
+                for ((e, &u), &code) in self.energy.iter_mut().zip(&self.residual).zip(codes) {
+                    step(e, u, table.get(code).1 as f32);
+                }
+            }
         }
     }
 }
@@ -112,6 +129,12 @@ impl TokenEnergy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bf16_values(x: &[u16]) -> Vec<f32> {
+        let mut out = vec![0.0; x.len()];
+        crate::joint::values_into(crate::DType::BFloat16, x, &mut out);
+        out
+    }
 
     #[test]
     fn a_token_with_large_residuals_gets_a_larger_sigma() {
@@ -122,13 +145,13 @@ mod tests {
         assert_eq!(out, [0, 0, 0], "the first channel keeps its calibrated sigma");
         // residuals of 0, 1 and 4 sigmas (sigma code 0 = 1.0) in channel 0
         let x: [u16; 3] = [0x0000, 0x3F80, 0x4080]; // 0, 1, 4 in bfloat16
-        s.add(crate::DType::BFloat16, &x, &[0.0; 3], &codes);
+        s.add(&bf16_values(&x), &[0.0; 3], &codes);
         s.codes(1, &codes, &mut out);
         // ratios 4/5, 5/5, 20/5: 8 log2 sqrt = -0.64, 0, 8
         assert_eq!(out, [-1, 0, 8]);
         // the clamp: a residual of 100 sigmas adds 25, not 10^4
         s.reset();
-        s.add(crate::DType::BFloat16, &[0x42C8u16, 0, 0], &[0.0; 3], &codes); // 100
+        s.add(&bf16_values(&[0x42C8, 0, 0]), &[0.0; 3], &codes); // 100
         s.codes(1, &codes, &mut out);
         assert_eq!(out[0], 10, "ratio 29/5: round(4 log2 5.8) = 10");
     }
