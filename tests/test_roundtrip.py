@@ -318,3 +318,6 @@ def test_token_scale_knobs_are_checked():
         joint = speckv.Joint(2, 8, np.zeros((1, 2, 2), np.float32), np.ones((1, 2), np.float32), token_scale=bad)
         with pytest.raises(ValueError, match="token scale"):
             speckv.encode(x, np.zeros_like(x, np.float32), np.ones((2, 1), np.float32), chunk_size=16, joint=joint)
+    joint = speckv.Joint(2, 8, np.zeros((1, 2, 2), np.float32), np.ones((1, 2), np.float32), token_scale=(4, 25))
+    with pytest.raises(TypeError, match="TokenScale"):
+        speckv.encode(x, np.zeros_like(x, np.float32), np.ones((2, 1), np.float32), chunk_size=16, joint=joint)

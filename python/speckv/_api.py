@@ -205,7 +205,11 @@ def encode(
 
 
 def _token_scale(joint: Joint | None) -> tuple[int, int] | None:
-    return None if joint is None or joint.token_scale is None else joint.token_scale.args()
+    if joint is None or joint.token_scale is None:
+        return None
+    if not isinstance(joint.token_scale, TokenScale):
+        raise TypeError(f"token_scale: expected speckv.TokenScale or None, got {type(joint.token_scale).__name__}")
+    return joint.token_scale.args()
 
 
 def _stream_array(data: Any) -> np.ndarray:
