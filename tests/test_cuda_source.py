@@ -144,19 +144,19 @@ def test_nvrtc_compiles_the_kernels_without_a_gpu(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
     try:
-        ptx = speckv.cuda.compile_ptx("compute_90")
+        ptx = speckv.cuda.compile_kernels("compute_90")
     except speckv.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
     text = ptx.decode()
     for kernel in ("speckv_sigma_codes", "speckv_relative_sigma_codes", "speckv_fp8_quantize", "speckv_coding_mu"):
         assert f".entry {kernel}(" in text
     assert "fma." not in text
-    assert speckv.cuda.compile_ptx("sm_90")[:4] == b"\x7fELF"
+    assert speckv.cuda.compile_kernels("sm_90")[:4] == b"\x7fELF"
     cached = sorted(p.name for p in (tmp_path / "cuda").iterdir())
     assert len(cached) == 2 and all(speckv.cuda.source_digest() in name for name in cached)
-    assert speckv.cuda.compile_ptx("compute_90") == ptx  # from the cache
+    assert speckv.cuda.compile_kernels("compute_90") == ptx  # from the cache
     with pytest.raises(ValueError, match="arch"):
-        speckv.cuda.compile_ptx("90")
+        speckv.cuda.compile_kernels("90")
 
 
 def test_importing_the_module_needs_neither_torch_nor_cuda():
@@ -165,7 +165,7 @@ def test_importing_the_module_needs_neither_torch_nor_cuda():
         "import speckv.cuda\n"
         "assert speckv.cuda.available() is False\n"
         "try:\n"
-        "    speckv.cuda.compile_ptx(cache=False)\n"
+        "    speckv.cuda.compile_kernels(cache=False)\n"
         "except speckv.cuda.CudaUnavailableError as e:\n"
         "    assert 'cuda-bindings' in str(e)\n"
         "else:\n"

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import _speckv
-from ._speckv import SpeckvError  # noqa: F401 (re-exported base of CudaUnavailableError)
+from ._speckv import SpeckvError
 
 #: threads per block of every kernel (grid-stride loops: any size works)
 BLOCK = 256
@@ -75,7 +75,7 @@ def _check(result: Any, what: str) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def compile_ptx(arch: str = "compute_90", *, cache: bool = True) -> bytes:
+def compile_kernels(arch: str = "compute_90", *, cache: bool = True) -> bytes:
     """The kernels compiled with NVRTC for ``arch``: PTX for a virtual architecture
     (``compute_XY``), a cubin for a real one (``sm_XY``), from the disk cache when present.
     Needs no GPU (the tests compile on CPU-only machines)."""
@@ -154,9 +154,9 @@ class _Module:
             # a cubin for this GPU (no driver JIT, so no need for a driver as new as NVRTC's
             # PTX); PTX for the driver to compile if NVRTC does not know the architecture
             try:
-                image = compile_ptx(f"sm_{major}{minor}")
+                image = compile_kernels(f"sm_{major}{minor}")
             except SpeckvError:
-                image = compile_ptx(f"compute_{major}{minor}")
+                image = compile_kernels(f"compute_{major}{minor}")
             _check(driver.cuInit(0), "cuInit")
             module = _check(driver.cuModuleLoadData(image), "cuModuleLoadData")
         self.module = module
@@ -301,7 +301,7 @@ __all__ = [
     "CudaUnavailableError",
     "available",
     "coding_mu",
-    "compile_ptx",
+    "compile_kernels",
     "fp8_quantize",
     "relative_sigma_codes",
     "sigma_codes",

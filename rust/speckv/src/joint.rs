@@ -213,17 +213,16 @@ fn wide_kernels() -> bool {
 /// `out[k] = value(x[k])` in float32 (NaN for non-finite patterns): for a run whose
 /// residuals are taken against two means (`residuals_of`), one table pass instead of two.
 pub(crate) fn values_into<W: Word>(dtype: DType, x: &[W], out: &mut [f32]) {
-    match values(dtype) {
-        Some(t) => out.iter_mut().zip(x).for_each(|(o, &w)| *o = t[w.to_u32() as usize]),
-        None => out.iter_mut().zip(x).for_each(|(o, &w)| *o = f32::from_bits(w.to_u32())),
+    let table = values(dtype);
+    for (o, &w) in out.iter_mut().zip(x) {
+        *o = value(table, w);
     }
 }
 
 /// `residuals` from `values_into`'s values: the same floats.
 pub(crate) fn residuals_of(values: &[f32], mu: &[f32], out: &mut [f32]) {
     for ((slot, &v), &m) in out.iter_mut().zip(values).zip(mu) {
-        let r = v - m;
-        *slot = if r.is_finite() { r } else { 0.0 };
+        *slot = residual(v, m);
     }
 }
 
@@ -231,12 +230,27 @@ pub(crate) fn residuals_of(values: &[f32], mu: &[f32], out: &mut [f32]) {
 pub fn residuals<W: Word>(dtype: DType, x: &[W], mu: &[f32], out: &mut [f32]) {
     let table = values(dtype);
     for ((slot, &w), &m) in out.iter_mut().zip(x).zip(mu) {
-        let v = match table {
-            Some(t) => t[w.to_u32() as usize],
-            None => f32::from_bits(w.to_u32()),
-        };
-        let r = v - m;
-        *slot = if r.is_finite() { r } else { 0.0 };
+        *slot = residual(value(table, w), m);
+    }
+}
+
+/// A pattern's value from its format's table (`values`; float32 patterns are their own).
+#[inline(always)]
+fn value<W: Word>(table: Option<&[f32]>, w: W) -> f32 {
+    match table {
+        Some(t) => t[w.to_u32() as usize],
+        None => f32::from_bits(w.to_u32()),
+    }
+}
+
+/// J1's residual of one scalar: `v - m`, or 0 where that is not finite.
+#[inline(always)]
+fn residual(v: f32, m: f32) -> f32 {
+    let r = v - m;
+    if r.is_finite() {
+        r
+    } else {
+        0.0
     }
 }
 
