@@ -20,8 +20,11 @@
 // NVRTC (the just-in-time path, speckv/cuda.py) has no C library headers
 typedef unsigned char uint8_t;
 typedef short int16_t;
+typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef int int32_t;
+typedef unsigned long long uint64_t;
+typedef long long int64_t;
 #define INT16_MIN (-32768)
 #else
 #include <stdint.h>
@@ -29,8 +32,10 @@ typedef int int32_t;
 
 #if defined(__CUDACC__)
 #define SPECKV_HD __host__ __device__ __forceinline__
+#define SPECKV_HD_MEMBER __host__ __device__ __forceinline__
 #else
 #define SPECKV_HD static inline
+#define SPECKV_HD_MEMBER inline
 #endif
 
 #if defined(__CUDA_ARCH__)

@@ -4,7 +4,6 @@ mismatch on the GPU. Needs a C++ compiler (skipped without one); no GPU."""
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import subprocess
 import sys
@@ -22,21 +21,8 @@ CUDA = ROOT / "cuda"
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build cuda/host_shim.cpp for the host")
-    out = tmp_path_factory.mktemp("cuda") / "libspeckv_params.so"
-    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC"]
-    subprocess.run([*cmd, str(CUDA / "host_shim.cpp"), "-o", str(out)], check=True)
-    lib = ctypes.CDLL(str(out))
-    size = ctypes.c_size_t
-    lib.speckv_sigma_codes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, size]
-    lib.speckv_relative_sigma_codes.argtypes = [ctypes.c_void_p] * 4 + [size, size]
-    lib.speckv_fp8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, size]
-    pointer = ctypes.c_void_p
-    lib.speckv_coding_mu.argtypes = [pointer, ctypes.c_float, ctypes.c_int, pointer, pointer, size]
-    return lib
+def lib(cuda_host):
+    return cuda_host
 
 
 def _ptr(a: np.ndarray) -> int:
@@ -106,7 +92,7 @@ def test_coding_mu_matches_the_codec(lib):
 def test_the_extension_carries_the_sources_in_cuda():
     """The wheel compiles exactly what this folder holds (``_speckv.cuda_sources``)."""
     shipped = dict(_speckv.cuda_sources())
-    assert set(shipped) == {p.name for p in CUDA.glob("speckv_params.cu*")}
+    assert set(shipped) == {p.name for p in CUDA.glob("speckv_*.cu*")}
     for name, text in shipped.items():
         assert text == (CUDA / name).read_text()
 
@@ -130,10 +116,11 @@ def test_nvcc_compiles_the_kernels(tmp_path):
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("no nvcc (pip install nvidia-cuda-nvcc): the CUDA sources are not compiled here")
-    out = tmp_path / "speckv_params.o"
-    cmd = [nvcc, "-arch=sm_90", "-c", str(CUDA / "speckv_params.cu"), "-o", str(out), "-Werror", "all-warnings"]
-    subprocess.run(cmd, check=True)
-    assert out.stat().st_size > 0
+    for program in speckv.cuda.PROGRAMS:
+        out = tmp_path / f"{program}.o"
+        cmd = [nvcc, "-arch=sm_90", "-c", str(CUDA / program), "-o", str(out), "-Werror", "all-warnings"]
+        subprocess.run(cmd, check=True)
+        assert out.stat().st_size > 0
 
 
 def test_nvrtc_compiles_the_kernels_without_a_gpu(tmp_path, monkeypatch):
@@ -147,16 +134,19 @@ def test_nvrtc_compiles_the_kernels_without_a_gpu(tmp_path, monkeypatch):
         ptx = speckv.cuda.compile_kernels("compute_90")
     except speckv.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
-    text = ptx.decode()
-    for kernel in ("speckv_sigma_codes", "speckv_relative_sigma_codes", "speckv_fp8_quantize", "speckv_coding_mu"):
-        assert f".entry {kernel}(" in text
-    assert "fma." not in text
-    assert speckv.cuda.compile_kernels("sm_90")[:4] == b"\x7fELF"
+    for program, kernels in speckv.cuda.PROGRAMS.items():
+        text = speckv.cuda.compile_kernels("compute_90", program=program).decode()
+        for kernel in kernels:
+            assert f".entry {kernel}(" in text
+        assert "fma." not in text
+        assert speckv.cuda.compile_kernels("sm_90", program=program)[:4] == b"\x7fELF"
     cached = sorted(p.name for p in (tmp_path / "cuda").iterdir())
-    assert len(cached) == 2 and all(speckv.cuda.source_digest() in name for name in cached)
+    assert len(cached) == 4 and all(speckv.cuda.source_digest() in name for name in cached)
     assert speckv.cuda.compile_kernels("compute_90") == ptx  # from the cache
     with pytest.raises(ValueError, match="arch"):
         speckv.cuda.compile_kernels("90")
+    with pytest.raises(ValueError, match="program"):
+        speckv.cuda.compile_kernels(program="speckv_xxh3.cuh")
 
 
 def test_importing_the_module_needs_neither_torch_nor_cuda():

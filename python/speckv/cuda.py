@@ -1,9 +1,10 @@
-"""The CUDA module: the codec's coding parameters computed where the cache lives, on the GPU.
+"""The CUDA module: the codec's work done where the cache lives, on the GPU.
 
-The kernels (``cuda/speckv_params.cu``) run the arithmetic of ``cuda/speckv_params.cuh``, the
-same source the CPU tests build for the host and compare with the Rust path bit for bit:
-fp8 quantisation of a cache, the coder's float32 ``mu`` from a prediction, and sigma codes.
-Their outputs are exactly the arrays the Rust coder reads.
+Two programs, each the same source the CPU tests build for the host and compare with the Rust
+path bit for bit: ``cuda/speckv_params.cu`` computes the coding parameters (fp8 quantisation
+of a cache, the coder's float32 ``mu`` from a prediction, sigma codes), exactly the arrays the
+Rust coder reads; ``cuda/speckv_coder.cu`` codes a predicted stream's chunks (``encode``), so
+that only coded bytes cross to the host: the stream ``speckv.encode`` writes, byte for byte.
 
 Loading: the sources ship inside the extension (``_speckv.cuda_sources``); on first use they
 are compiled just in time with NVRTC (``cuda.bindings``, which PyTorch's CUDA wheels install),
@@ -19,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import threading
@@ -34,6 +36,12 @@ from ._speckv import SpeckvError
 BLOCK = 256
 #: at most this many blocks per launch; the loops stride over the rest
 MAX_BLOCKS = 65535
+#: threads per block of the per-chunk kernels: one warp, so that a stream's few dozen chunks
+#: spread over the multiprocessors instead of sharing one
+CHUNK_BLOCK = 32
+#: scalars coded per round of `encode` (its scratch is ~17 bytes a scalar; the chunks of a
+#: round run in parallel)
+ROUND_SCALARS = 1 << 24
 # NVRTC options: no contraction into fused multiply-adds (the sources spell every operation
 # with a correctly rounded intrinsic anyway; this guards additions made later)
 _OPTIONS = ("--fmad=false", "-std=c++17")
@@ -75,24 +83,34 @@ def _check(result: Any, what: str) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def compile_kernels(arch: str = "compute_90", *, cache: bool = True) -> bytes:
-    """The kernels compiled with NVRTC for ``arch``: PTX for a virtual architecture
-    (``compute_XY``), a cubin for a real one (``sm_XY``), from the disk cache when present.
-    Needs no GPU (the tests compile on CPU-only machines)."""
+#: the programs and their kernels (one module per program, loaded on first use)
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "speckv_params.cu": ("speckv_sigma_codes", "speckv_relative_sigma_codes", "speckv_fp8_quantize", "speckv_coding_mu"),
+    "speckv_coder.cu": ("speckv_exact_symbols", "speckv_code_chunks", "speckv_fingerprints", "speckv_join_lanes"),
+}
+
+
+def compile_kernels(arch: str = "compute_90", *, program: str = "speckv_params.cu", cache: bool = True) -> bytes:
+    """``program`` (one of ``PROGRAMS``) compiled with NVRTC for ``arch``: PTX for a virtual
+    architecture (``compute_XY``), a cubin for a real one (``sm_XY``), from the disk cache
+    when present. Needs no GPU (the tests compile on CPU-only machines)."""
     cubin = arch.startswith("sm_")
     if not (cubin or arch.startswith("compute_")):
         raise ValueError(f"arch: expected 'compute_XY' or 'sm_XY', got {arch!r}")
+    if program not in PROGRAMS:
+        raise ValueError(f"program: expected one of {sorted(PROGRAMS)}, got {program!r}")
     folder = Path(os.environ.get("SPECKV_CACHE_DIR", Path.home() / ".cache" / "speckv")) / "cuda"
-    path = folder / f"speckv_params-{source_digest()}-{arch}.{'cubin' if cubin else 'ptx'}"
+    stem = program.removesuffix(".cu")
+    path = folder / f"{stem}-{source_digest()}-{arch}.{'cubin' if cubin else 'ptx'}"
     if cache and path.exists():
         return path.read_bytes()
     nvrtc = _nvrtc()
     sources = _sources()
     headers = [n for n in sources if n.endswith(".cuh")]
-    program = _check(
+    program_handle = _check(
         nvrtc.nvrtcCreateProgram(
-            sources["speckv_params.cu"].encode(),
-            b"speckv_params.cu",
+            sources[program].encode(),
+            program.encode(),
             len(headers),
             [sources[n].encode() for n in headers],
             [n.encode() for n in headers],
@@ -101,20 +119,22 @@ def compile_kernels(arch: str = "compute_90", *, cache: bool = True) -> bytes:
     )
     try:
         options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in _OPTIONS)]
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        (status,) = nvrtc.nvrtcCompileProgram(program_handle, len(options), options)
         if int(status) != 0:
-            size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
+            size = _check(nvrtc.nvrtcGetProgramLogSize(program_handle), "nvrtcGetProgramLogSize")
             log = b" " * size
-            nvrtc.nvrtcGetProgramLog(program, log)
-            raise SpeckvError(f"NVRTC could not compile the CUDA module for {arch}:\n{log.decode(errors='replace')}")
+            nvrtc.nvrtcGetProgramLog(program_handle, log)
+            raise SpeckvError(
+                f"NVRTC could not compile {program} for {arch}:\n{log.decode(errors='replace')}"
+            )
         get_size, get = (
             (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if cubin else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
         )
-        size = _check(get_size(program), "nvrtcGet*Size")
+        size = _check(get_size(program_handle), "nvrtcGet*Size")
         image = b" " * size
-        _check(get(program, image), "nvrtcGet*")
+        _check(get(program_handle, image), "nvrtcGet*")
     finally:
-        nvrtc.nvrtcDestroyProgram(program)
+        nvrtc.nvrtcDestroyProgram(program_handle)
     if cache:
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -151,26 +171,32 @@ class _Module:
         with torch.cuda.device(device):
             torch.cuda.current_stream()  # makes torch's (primary) context current here
             major, minor = torch.cuda.get_device_capability(device)
-            # a cubin for this GPU (no driver JIT, so no need for a driver as new as NVRTC's
-            # PTX); PTX for the driver to compile if NVRTC does not know the architecture
-            try:
-                image = compile_kernels(f"sm_{major}{minor}")
-            except SpeckvError:
-                image = compile_kernels(f"compute_{major}{minor}")
             _check(driver.cuInit(0), "cuInit")
-            module = _check(driver.cuModuleLoadData(image), "cuModuleLoadData")
-        self.module = module
-        self.kernels = {
-            name: _check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
-            for name in ("speckv_sigma_codes", "speckv_relative_sigma_codes", "speckv_fp8_quantize", "speckv_coding_mu")
-        }
+            self.kernels: dict[str, Any] = {}
+            for program, names in PROGRAMS.items():
+                # a cubin for this GPU (no driver JIT, so no need for a driver as new as
+                # NVRTC's PTX); PTX for the driver to compile if NVRTC does not know the
+                # architecture
+                try:
+                    image = compile_kernels(f"sm_{major}{minor}", program=program)
+                except SpeckvError:
+                    image = compile_kernels(f"compute_{major}{minor}", program=program)
+                module = _check(driver.cuModuleLoadData(image), "cuModuleLoadData")
+                for name in names:
+                    self.kernels[name] = _check(
+                        driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})"
+                    )
+        self.device = device
+        # per dtype: the exact model's tables on this device (see `_device_tables`)
+        self.tables: dict[str, tuple[np.ndarray, list[Any]]] = {}
 
-    def launch(self, name: str, n: int, args: list[np.ndarray], stream: int) -> None:
-        """Runs kernel ``name`` over ``n`` scalars. ``args``: one numpy scalar array per kernel
-        parameter holding its value (device pointers as uint64), in order."""
+    def launch(self, name: str, n: int, args: list[np.ndarray], stream: int, block: int = BLOCK) -> None:
+        """Runs kernel ``name`` over ``n`` items (scalars, or chunks with ``block=CHUNK_BLOCK``).
+        ``args``: one numpy array per kernel parameter holding its value (device pointers as
+        uint64, a struct as its bytes), in order."""
         if n == 0:
             return
-        blocks = min(MAX_BLOCKS, (n + BLOCK - 1) // BLOCK)
+        blocks = min(MAX_BLOCKS, (n + block - 1) // block)
         pointers = np.array([a.ctypes.data for a in args], dtype=np.uint64)
         _check(
             self.driver.cuLaunchKernel(
@@ -178,7 +204,7 @@ class _Module:
                 blocks,
                 1,
                 1,
-                BLOCK,
+                block,
                 1,
                 1,
                 0,
@@ -297,11 +323,164 @@ def relative_sigma_codes(mu: Any, s: Any, r: Any) -> Any:
     return out
 
 
+class ExactTables(ctypes.Structure):
+    """``speckv::ExactTables`` of ``cuda/speckv_coder.cuh``, field for field (C layout): the
+    exact model's tables (device or host pointers) and numbers, as the coder kernels take
+    them by value."""
+
+    _fields_ = [
+        ("nodes", ctypes.c_void_p),
+        ("edges", ctypes.c_void_p),
+        ("sigmas", ctypes.c_void_p),
+        ("half_width", ctypes.c_double),
+        ("last", ctypes.c_double),
+        ("min_ordinal", ctypes.c_int64),
+        ("max_ordinal", ctypes.c_int64),
+        ("exponent_bias", ctypes.c_int64),
+        ("n_edges", ctypes.c_uint32),
+        ("g_max", ctypes.c_uint32),
+        ("precision", ctypes.c_uint32),
+        ("width", ctypes.c_uint32),
+        ("mantissa_bits", ctypes.c_uint32),
+        ("max_magnitude", ctypes.c_uint32),
+        ("adapt_increment", ctypes.c_uint32),
+        ("adapt_period", ctypes.c_uint32),
+        ("adapt_shift", ctypes.c_uint32),
+    ]
+
+
+def exact_tables(dtype_name: str, nodes: int, edges: int, sigmas: int) -> ExactTables:
+    """The ``ExactTables`` of ``dtype_name`` (``"bfloat16"``, ``"float16"``,
+    ``"float8_e4m3fn"``, ``"float8_e5m2"``) around the addresses where ``nodes``, ``edges`` and
+    ``sigmas`` of ``_speckv.exact_tables(dtype_name)`` were copied."""
+    t = _speckv.exact_tables(dtype_name)
+    return ExactTables(
+        nodes,
+        edges,
+        sigmas,
+        t["half_width"],
+        float(t["nodes"].size - 2),
+        t["min_ordinal"],
+        t["max_ordinal"],
+        t["exponent_bias"],
+        t["edges"].size,
+        t["g_max"],
+        t["precision"],
+        t["width"],
+        t["mantissa_bits"],
+        t["max_magnitude"],
+        t["adapt_increment"],
+        t["adapt_period"],
+        t["adapt_shift"],
+    )
+
+
+def lane_capacity(scalars: int) -> int:
+    """Words a lane of ``scalars`` scalars may write (``speckv_coder.cuh``: lane_capacity)."""
+    return (scalars * 73 + 31) // 32 + 2
+
+
+#: torch dtypes the GPU coder takes, by the core's dtype name
+_CODED = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+
+
+def _device_tables(module: _Module, dtype_name: str) -> np.ndarray:
+    """The exact model's tables of ``dtype_name`` on the module's device, once per process,
+    as the bytes of an ``ExactTables`` kernel argument."""
+    import torch
+
+    if dtype_name not in module.tables:
+        t = _speckv.exact_tables(dtype_name)
+        device = torch.device("cuda", module.device)
+        # uint32 nodes travel as int32: the kernels read the same bytes
+        arrays = [torch.from_numpy(t[k].view(np.int32) if k == "nodes" else t[k]).to(device) for k in ("nodes", "edges", "sigmas")]
+        struct = exact_tables(dtype_name, *(a.data_ptr() for a in arrays))
+        module.tables[dtype_name] = (np.frombuffer(bytes(struct), np.uint8).copy(), arrays)
+    return module.tables[dtype_name][0]
+
+
+def encode(x: Any, mu: Any, codes: Any, *, chunk_size: int | None = None) -> bytes:
+    """``speckv.encode(x, mu, sigma_codes=codes, chunk_size=chunk_size)`` of a CUDA tensor,
+    coded on its GPU (``cuda/speckv_coder.cu``): the same bytes, but only the coded chunks, one
+    length and one fingerprint per chunk cross to the host instead of x, mu and the codes.
+
+    ``x``: bfloat16, float16 or float8 (e4m3fn, e5m2) on the GPU; ``mu``: floats of x's shape
+    (rounded to float32 once, as the CPU path does); ``codes``: int16 sigma codes broadcastable
+    to x's shape (``speckv.sigma_codes``; per channel usually). The exact model, without the
+    joint model (that codes on the host)."""
+    import torch
+
+    module, stream = _module(x)
+    name = str(x.dtype).removeprefix("torch.")
+    if name not in _CODED:
+        raise TypeError(f"x: the GPU coder codes {sorted(_CODED)}, got {x.dtype}")
+    shape = tuple(int(d) for d in x.shape)
+    mu = torch.as_tensor(mu, device=x.device)
+    if tuple(mu.shape) != shape:
+        raise ValueError(f"mu: shape {tuple(mu.shape)}, x has {shape}")
+    codes = torch.as_tensor(codes, device=x.device)
+    if codes.dtype != torch.int16:
+        raise TypeError(f"codes: expected int16 sigma codes (speckv.sigma_codes), got {codes.dtype}")
+    try:
+        codes = codes.expand(shape).contiguous().reshape(-1)
+    except RuntimeError:
+        raise ValueError(f"codes: shape {tuple(codes.shape)} does not broadcast to x's shape {shape}") from None
+    chunk = _speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size)
+    if not 1 <= chunk <= 1 << 24:
+        raise ValueError(f"chunk_size: expected 1..=2**24, got {chunk}")
+    words = x.contiguous().reshape(-1).view(torch.uint8 if x.element_size() == 1 else torch.int16)
+    m = mu.to(torch.float32).contiguous().reshape(-1)
+    n = words.numel()
+    chunks = -(-n // chunk)
+    tables = _device_tables(module, name)
+    capacity = lane_capacity(-(-chunk // 8))
+    lengths = torch.empty(chunks, dtype=torch.int32, device=x.device)
+    fingerprints = torch.empty(chunks, dtype=torch.int64, device=x.device)
+    payloads = []
+    per_round = max(1, ROUND_SCALARS // chunk)
+    u64 = np.uint64
+    for first in range(0, chunks, per_round):
+        # a round of chunks: scratch for its symbols and lanes, its payload made contiguous
+        last = min(chunks, first + per_round)
+        start, stop = first * chunk, min(n, last * chunk)
+        k = last - first
+        xs, ms, cs = words[start:stop], m[start:stop], codes[start:stop]
+        symbols = torch.empty(stop - start, dtype=torch.int64, device=x.device)
+        args = [tables, _ptr(xs), _ptr(ms), _ptr(cs), _ptr(symbols), np.array(stop - start, u64)]
+        module.launch("speckv_exact_symbols", stop - start, args, stream)
+        lane_words = torch.empty(k * 8 * capacity, dtype=torch.int32, device=x.device)
+        lane_bytes = torch.empty(k * 8, dtype=torch.int32, device=x.device)
+        part = lengths[first:last]
+        args = [tables, _ptr(xs), _ptr(symbols), np.array(stop - start, u64), np.array(chunk, u64)]
+        args += [_ptr(lane_words), np.array(capacity, np.uint32), _ptr(lane_bytes), _ptr(part), np.array(k, u64)]
+        module.launch("speckv_code_chunks", k, args, stream, CHUNK_BLOCK)
+        args = [_ptr(ms), _ptr(cs), np.array(stop - start, u64), np.array(chunk, u64)]
+        args += [_ptr(fingerprints[first:last]), np.array(k, u64)]
+        module.launch("speckv_fingerprints", k, args, stream, CHUNK_BLOCK)
+        sizes = part.to(torch.int64)
+        offsets = torch.cumsum(sizes, 0) - sizes
+        out = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=x.device)
+        args = [_ptr(lane_words), np.array(capacity, np.uint32), _ptr(lane_bytes), _ptr(offsets), _ptr(out)]
+        module.launch("speckv_join_lanes", k, [*args, np.array(k, u64)], stream, CHUNK_BLOCK)
+        payloads.append(out.cpu())
+    payload = torch.cat(payloads).numpy() if payloads else np.zeros(0, np.uint8)
+    return _speckv.assemble_predicted(
+        name,
+        list(shape),
+        chunk,
+        payload,
+        lengths.cpu().numpy().view(np.uint32),
+        fingerprints.cpu().numpy().view(np.uint64),
+        torch_hint=True,
+    )
+
+
 __all__ = [
     "CudaUnavailableError",
     "available",
     "coding_mu",
     "compile_kernels",
+    "encode",
     "fp8_quantize",
     "relative_sigma_codes",
     "sigma_codes",

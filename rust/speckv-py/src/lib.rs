@@ -529,6 +529,64 @@ fn residuals<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
+/// The exact model's tables for `dtype` (8 or 16 bits) with the default model parameters, as
+/// arrays and numbers: what the CUDA module's coder reads (`cuda/speckv_coder.cuh`,
+/// `ExactTables`), so it codes with exactly the core's tables.
+#[pyfunction]
+fn exact_tables<'py>(py: Python<'py>, dtype_name: &str) -> PyResult<Bound<'py, PyDict>> {
+    let dtype = dtype(dtype_name)?;
+    let p = ModelParams::default();
+    let t = speckv::exact_tables::exact_tables(dtype, &p).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("nodes", PyArray1::from_vec(py, t.nodes))?;
+    d.set_item("edges", PyArray1::from_vec(py, t.edges))?;
+    d.set_item("sigmas", PyArray1::from_vec(py, t.sigmas))?;
+    d.set_item("half_width", t.half_width)?;
+    d.set_item("g_max", t.g_max)?;
+    d.set_item("precision", t.precision)?;
+    d.set_item("min_ordinal", t.min_ordinal)?;
+    d.set_item("max_ordinal", t.max_ordinal)?;
+    d.set_item("exponent_bias", t.exponent_bias)?;
+    d.set_item("width", t.width)?;
+    d.set_item("mantissa_bits", t.mantissa_bits)?;
+    d.set_item("max_magnitude", t.max_magnitude)?;
+    d.set_item("adapt_increment", p.adapt_increment)?;
+    d.set_item("adapt_period", p.adapt_period)?;
+    d.set_item("adapt_shift", p.adapt_shift)?;
+    d.set_item("digest", t.digest)?;
+    Ok(d)
+}
+
+/// The stream `encode` writes (exact model, default parameters) from chunks coded elsewhere:
+/// every chunk's payload back to back, with one length and one prediction fingerprint per
+/// chunk (`speckv::codec::assemble_predicted`).
+#[pyfunction]
+#[pyo3(signature = (dtype_name, shape, chunk_scalars, payload, lengths, fingerprints, torch_hint=false))]
+#[allow(clippy::too_many_arguments)]
+fn assemble_predicted<'py>(
+    py: Python<'py>,
+    dtype_name: &str,
+    shape: Vec<u64>,
+    chunk_scalars: u32,
+    payload: PyReadonlyArray1<'py, u8>,
+    lengths: PyReadonlyArray1<'py, u32>,
+    fingerprints: PyReadonlyArray1<'py, u64>,
+    torch_hint: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let dtype = dtype(dtype_name)?;
+    let contiguous = |_| PyValueError::new_err("payload, lengths and fingerprints must be contiguous");
+    let (payload, lengths, fingerprints) = (
+        payload.as_slice().map_err(contiguous)?,
+        lengths.as_slice().map_err(contiguous)?,
+        fingerprints.as_slice().map_err(contiguous)?,
+    );
+    let opts = EncodeOptions { torch_hint, ..options(1, chunk_scalars, "exact", None, None)? };
+    let stream = py
+        .allow_threads(|| speckv::assemble_predicted(dtype, &shape, &opts, payload, lengths, fingerprints))
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &stream))
+}
+
 /// Which kernels code the exact model here: "avx2" or "portable" (same bytes either way).
 #[pyfunction]
 fn kernels() -> &'static str {
@@ -543,6 +601,9 @@ fn cuda_sources() -> Vec<(&'static str, &'static str)> {
     vec![
         ("speckv_params.cuh", include_str!("../../../cuda/speckv_params.cuh")),
         ("speckv_params.cu", include_str!("../../../cuda/speckv_params.cu")),
+        ("speckv_xxh3.cuh", include_str!("../../../cuda/speckv_xxh3.cuh")),
+        ("speckv_coder.cuh", include_str!("../../../cuda/speckv_coder.cuh")),
+        ("speckv_coder.cu", include_str!("../../../cuda/speckv_coder.cu")),
     ]
 }
 
@@ -560,6 +621,8 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(residuals, m)?)?;
     m.add_function(wrap_pyfunction!(container_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(exact_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(assemble_predicted, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;

@@ -334,45 +334,97 @@ pub fn encode(
             Ok((join_lanes(enc), fingerprint))
         })?
     });
+    let flags = if prediction.is_some() { FLAG_PREDICTED } else { 0 }
+        | if prediction.is_some_and(|p| p.joint.is_some()) { FLAG_JOINT } else { 0 }
+        | if model.token_scale.is_some() { FLAG_TOKEN_SCALE } else { 0 }
+        | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast { FLAG_FAST_MODEL } else { 0 };
+    let payloads = payloads.iter().map(|(bytes, fingerprint)| (bytes.as_slice(), *fingerprint));
+    write_stream(&model, shape, options, flags, payloads, n_chunks)
+}
+
+/// The stream of `payloads` (each chunk's bytes and prediction fingerprint, in order): the
+/// header `encode` writes for `model`, `options` and `flags` (with `FLAG_TORCH_HINT` from the
+/// options), then the payloads.
+fn write_stream<'a>(
+    model: &StreamModel,
+    shape: &[u64],
+    options: &EncodeOptions,
+    flags: u16,
+    payloads: impl Iterator<Item = (&'a [u8], u64)> + Clone,
+    n_chunks: usize,
+) -> Result<Vec<u8>> {
+    let predicted = flags & FLAG_PREDICTED != 0;
     let mut header = Header {
         version: crate::format::FORMAT_VERSION,
-        flags: if prediction.is_some() { FLAG_PREDICTED } else { 0 }
-            | if options.torch_hint { FLAG_TORCH_HINT } else { 0 }
-            | if prediction.is_some_and(|p| p.joint.is_some()) { FLAG_JOINT } else { 0 }
-            | if model.token_scale.is_some() { FLAG_TOKEN_SCALE } else { 0 }
-            | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast {
-                FLAG_FAST_MODEL
-            } else {
-                0
-            },
-        dtype,
+        flags: flags | if options.torch_hint { FLAG_TORCH_HINT } else { 0 },
+        dtype: model.dtype,
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,
-        n_scalars: n as u64,
+        n_scalars: shape.iter().product(),
         lanes: LANES as u8,
         params: options.params,
         raw_contexts: model.raw_contexts as u16,
         token_scale: model.token_scale,
         context_period: model.context_period.min(u32::MAX as usize) as u32,
-        table_digest: if prediction.is_some() { model.table_digest() } else { 0 },
+        table_digest: if predicted { model.table_digest() } else { 0 },
         fingerprint: 0,
         chunks: Vec::with_capacity(n_chunks),
     };
     let mut offset = crate::format::header::header_len(shape.len(), n_chunks) as u64;
-    for (bytes, fingerprint) in &payloads {
+    for (bytes, fingerprint) in payloads.clone() {
         let length = u32::try_from(bytes.len()).map_err(|_| Error::InvalidArgument("chunk too large".into()))?;
-        header.chunks.push(ChunkEntry { offset, length, checksum: checksum(bytes), fingerprint: *fingerprint });
+        header.chunks.push(ChunkEntry { offset, length, checksum: checksum(bytes), fingerprint });
         offset += length as u64;
     }
-    if prediction.is_some() {
+    if predicted {
         header.fingerprint = fingerprint_of(&header.chunks);
     }
     let mut stream = header.write();
     stream.reserve_exact(offset as usize - stream.len());
     for (bytes, _) in payloads {
-        stream.extend_from_slice(&bytes);
+        stream.extend_from_slice(bytes);
     }
     Ok(stream)
+}
+
+/// The stream `encode` writes for a prediction coded with the exact model, from chunks coded
+/// elsewhere (the CUDA module, `cuda/speckv_coder.cuh`): `payload` holds every chunk's bytes
+/// back to back, `lengths` and `fingerprints` one entry per chunk of `chunk_scalars` scalars.
+/// The chunks' bytes are taken as they are (a decoder checks them as it reads them); only the
+/// layout is checked here.
+pub fn assemble_predicted(
+    dtype: DType,
+    shape: &[u64],
+    options: &EncodeOptions,
+    payload: &[u8],
+    lengths: &[u32],
+    fingerprints: &[u64],
+) -> Result<Vec<u8>> {
+    if dtype.bits() > 16 || options.model != ModelKind::Exact {
+        return invalid("chunks coded elsewhere use the exact model, for 8- and 16-bit formats");
+    }
+    let n = shape_scalars(shape)?;
+    let model = stream_model(dtype, shape, options, None)?;
+    let n_chunks = chunk_count(n, options.chunk_scalars) as usize;
+    if lengths.len() != n_chunks || fingerprints.len() != n_chunks {
+        return invalid(format!(
+            "{n_chunks} chunks of {} scalars expected, {} lengths and {} fingerprints given",
+            options.chunk_scalars,
+            lengths.len(),
+            fingerprints.len()
+        ));
+    }
+    if lengths.iter().map(|&l| l as u64).sum::<u64>() != payload.len() as u64 {
+        return invalid("payload: its length is not the sum of the chunks' lengths");
+    }
+    let mut chunks = Vec::with_capacity(n_chunks);
+    let mut rest = payload;
+    for (&length, &fingerprint) in lengths.iter().zip(fingerprints) {
+        let (bytes, tail) = rest.split_at(length as usize);
+        chunks.push((bytes, fingerprint));
+        rest = tail;
+    }
+    write_stream(&model, shape, options, FLAG_PREDICTED, chunks.iter().copied(), n_chunks)
 }
 
 /// Bits the model asks for, summed over every scalar: what a perfect coder driven by exactly

@@ -21,6 +21,7 @@ pub mod coder;
 pub mod dtype;
 pub mod error;
 mod exact;
+pub mod exact_tables;
 pub mod format;
 pub mod hash;
 pub mod joint;
@@ -31,7 +32,7 @@ pub mod token_scale;
 pub mod words;
 
 pub use chunk::ModelKind;
-pub use codec::{decode_chunks_into, decode_into, decode_parsed, decoded_len, encode, ideal_bits, info, EncodeOptions};
+pub use codec::{assemble_predicted, decode_chunks_into, decode_into, decode_parsed, decoded_len, encode, ideal_bits, info, EncodeOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use exact::kernels;

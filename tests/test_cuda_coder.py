@@ -1,0 +1,213 @@
+"""The GPU coder (``cuda/speckv_coder.cuh``) built for the host, against the Rust encoder:
+every chunk coded by the kernels' very code, assembled into a stream, must equal the stream
+``speckv.encode`` writes, byte for byte, for every 8- and 16-bit format, special values,
+extreme sigmas and chunk sizes that reach every branch (lane tails, each length path of the
+XXH3 fingerprint, escapes). Needs a C++ compiler (skipped without one); no GPU."""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+import xxhash
+
+import speckv
+import speckv.cuda
+from speckv import _speckv
+
+DTYPES = {
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+}
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _case(name: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, mu, codes) that exercise every branch of the exact model: binade edges, zero and
+    subnormals, huge values and sigmas, NaN and infinite mu, values near mu and arbitrary
+    patterns (the Rust tests' `exact::tests::case`, in numpy)."""
+    rng = np.random.default_rng(seed)
+    dtype = DTYPES[name]
+    info = ml_dtypes.finfo(dtype)
+    kind = rng.integers(0, 11, n)
+    mu = (rng.uniform(-2, 2, n)).astype(np.float32)
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    special = np.array([0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 65504.0, 1e-40, -1e-45, 3.0e38], np.float32)
+    nonfinite = np.array([np.nan, np.inf, -np.inf], np.float32)
+    # near the format's smallest normal binade, where its subnormals begin
+    edge = (
+        rng.uniform(1, 2, n) * np.exp2(np.log2(float(info.smallest_normal)) + rng.integers(-3, 3, n))
+    ) * rng.choice([-1, 1], n)
+    powers = np.exp2(rng.integers(0, 30, n)).astype(np.float32) * rng.choice([-1, 1], n)
+    mu = np.where(kind == 0, bits, mu)
+    mu = np.where(kind == 1, special[rng.integers(0, special.size, n)], mu)
+    mu = np.where(kind == 2, nonfinite[rng.integers(0, 3, n)], mu)
+    mu = np.where(kind == 3, powers, mu)
+    mu = np.where(kind == 10, edge.astype(np.float32), mu).astype(np.float32)
+    codes = np.where(
+        rng.integers(0, 4, n) == 0, rng.integers(-2000, 2000, n), rng.integers(-70, 10, n)
+    ).astype(np.int16)
+    near = np.log2(np.maximum(np.abs(edge), 1e-30)) * 8 - rng.integers(8, 80, n)
+    codes = np.where(kind == 10, near.astype(np.int16), codes)
+    sigma = np.exp2(codes.astype(np.float64) / 8)
+    with np.errstate(all="ignore"):
+        target = mu.astype(np.float64) + (rng.uniform(-0.5, 0.5, n) * 6 * sigma)
+        x = target.astype(np.float32).astype(dtype)
+    width = np.dtype(dtype).itemsize * 8
+    words = x.view(np.uint8 if width == 8 else np.uint16).copy()
+    raw = rng.integers(0, 2**width, n).astype(words.dtype)
+    words = np.where(rng.integers(0, 8, n) == 0, raw, words)
+    return words.view(dtype), mu, codes
+
+
+def _host_encode(lib, x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int, torch_hint=False) -> bytes:
+    """`speckv.cuda.encode`'s steps with the host build of the kernels."""
+    name = np.dtype(x.dtype).name
+    t = _speckv.exact_tables(name)
+    nodes, edges, sigmas = t["nodes"], t["edges"], t["sigmas"]
+    tables = speckv.cuda.exact_tables(name, _ptr(nodes), _ptr(edges), _ptr(sigmas))
+    n = x.size
+    chunks = -(-n // chunk)
+    words = np.ascontiguousarray(x.reshape(-1)).view(np.uint8 if x.itemsize == 1 else np.uint16)
+    m = np.ascontiguousarray(mu.reshape(-1), np.float32)
+    c = np.ascontiguousarray(np.broadcast_to(codes, x.shape).reshape(-1), np.int16)
+    out = np.empty(12 * n + 64 * chunks, np.uint8)
+    lengths = np.empty(chunks, np.uint32)
+    fingerprints = np.empty(chunks, np.uint64)
+    args = (_ptr(words), _ptr(m), _ptr(c), n, chunk, _ptr(out), out.size, _ptr(lengths), _ptr(fingerprints))
+    total = lib.speckv_encode_chunks(ctypes.byref(tables), *args)
+    assert total == int(lengths.sum(dtype=np.uint64))
+    return _speckv.assemble_predicted(
+        name, list(x.shape), chunk, out[:total], lengths, fingerprints, torch_hint=torch_hint
+    )
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_host_build_writes_the_rust_encoders_bytes(cuda_host, name):
+    x, mu, codes = _case(name, 20_000, seed=sorted(DTYPES).index(name))
+    for chunk in (1, 2, 3, 7, 8, 9, 21, 22, 40, 41, 64, 1000, 4096, 20_000, 1 << 17):
+        want = speckv.encode(x, mu, sigma_codes=codes, chunk_size=chunk)
+        got = _host_encode(cuda_host, x, mu, codes, chunk)
+        assert got == want, f"{name}, chunks of {chunk}"
+    assert np.array_equal(speckv.decode(got, mu, sigma_codes=codes).view(np.uint8), x.view(np.uint8))
+
+
+def test_host_build_codes_shapes_and_broadcast_codes(cuda_host):
+    """A cache-shaped tensor with per-channel codes (the codec's usual case), and an empty one."""
+    rng = np.random.default_rng(7)
+    shape = (2, 3, 50, 64)
+    mu = (rng.standard_normal(shape) * 3).astype(np.float32)
+    sigma = np.exp2(rng.uniform(-6, 1, (1, 3, 1, 64))).astype(np.float32)
+    x = (mu + rng.standard_normal(shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
+    codes = speckv.sigma_codes(sigma)
+    for chunk in (4096, 3 * 50 * 64):
+        assert _host_encode(cuda_host, x, mu, codes, chunk) == speckv.encode(
+            x, mu, sigma_codes=codes, chunk_size=chunk
+        )
+    empty = np.zeros((0, 4), ml_dtypes.bfloat16)
+    assert _host_encode(cuda_host, empty, np.zeros((0, 4), np.float32), np.zeros(4, np.int16), 16) == speckv.encode(
+        empty, np.zeros((0, 4), np.float32), sigma_codes=np.zeros(4, np.int16), chunk_size=16
+    )
+
+
+def test_xxh3_matches_the_reference_on_every_length_and_split(cuda_host):
+    """The fingerprint hash against the xxhash package: every length path (0-16, 17-128,
+    129-240, long, across block boundaries) and any split point between the two parts."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 5000, dtype=np.uint8)
+    lengths = [*range(0, 260), 1023, 1024, 1025, 2047, 2048, 2049, 4999]
+    for length in lengths:
+        whole = data[:length]
+        want = xxhash.xxh3_64_intdigest(whole.tobytes())
+        for split in {0, length // 3, length}:
+            a, b = np.ascontiguousarray(whole[:split]), np.ascontiguousarray(whole[split:])
+            assert cuda_host.speckv_xxh3(_ptr(a), a.size, _ptr(b), b.size) == want, (length, split)
+
+
+def test_symbols_flag_escapes_and_unpredicted_scalars(cuda_host):
+    """Step 1's words: a value inside its window is an interval of the 2^24 total; a value
+    far outside, or a NaN, is the escape symbol with the raw flag; a non-finite mu is the raw
+    flag alone (freq 0)."""
+    t = _speckv.exact_tables("bfloat16")
+    tables = speckv.cuda.exact_tables("bfloat16", _ptr(t["nodes"]), _ptr(t["edges"]), _ptr(t["sigmas"]))
+    x = np.array([1.0, 1000.0, np.nan, 1.0], ml_dtypes.bfloat16).view(np.uint16)
+    mu = np.array([1.0, 1.0, 1.0, np.inf], np.float32)
+    codes = speckv.sigma_codes(np.full(4, 0.01, np.float32))
+    out = np.empty(4, np.uint64)
+    cuda_host.speckv_exact_symbols(ctypes.byref(tables), _ptr(x), _ptr(mu), _ptr(codes), _ptr(out), 4)
+    raw = np.uint64(1 << 63)
+    cum, freq = out & np.uint64(0xFFFFFFFF), (out >> np.uint64(32)) & np.uint64(0x7FFFFFFF)
+    assert not out[0] & raw and 0 < freq[0] and cum[0] + freq[0] <= t["g_max"] + 65536
+    for i in (1, 2):
+        assert out[i] & raw and cum[i] + freq[i] == 1 << 24 and cum[i] > t["g_max"]
+    assert out[3] == raw
+
+
+def test_lane_capacity_bounds_the_worst_case(cuda_host):
+    """Every scalar an escape with the costliest raw pattern the adaptive models can see: the
+    words written stay within `lane_capacity` (the host build would otherwise write past its
+    buffers, and the bytes would differ from Rust's)."""
+    rng = np.random.default_rng(11)
+    n = 4096
+    for name in DTYPES:
+        width = np.dtype(DTYPES[name]).itemsize * 8
+        words = rng.integers(0, 2**width, n).astype(np.uint8 if width == 8 else np.uint16)
+        x = words.view(DTYPES[name])
+        mu = np.full(n, 3.0e38, np.float32)  # every 16-bit value escapes (fp8 windows hold all)
+        codes = np.full(n, -1016, np.int16)
+        stream = _host_encode(cuda_host, x, mu, codes, n)
+        assert stream == speckv.encode(x, mu, sigma_codes=codes, chunk_size=n)
+        # the payload's lane lengths (LEB128, after the 120-byte header of a 1-D, 1-chunk stream)
+        payload, lanes = memoryview(stream)[120:], []
+        while len(lanes) < 7:
+            value, shift = 0, 0
+            while True:
+                byte, payload = payload[0], payload[1:]
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if byte < 0x80:
+                    break
+            lanes.append(value)
+        lanes.append(len(payload) - sum(lanes))
+        assert max(lanes) <= 4 * speckv.cuda.lane_capacity(n // 8), (name, lanes)
+        assert min(lanes) > 2 * n // 8, "every scalar escaped"
+
+
+# -- on a GPU (skipped without one): the kernels themselves ------------------------------------
+
+gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_gpu_encode_writes_the_cpu_bytes(name):
+    import torch
+
+    x, mu, codes = _case(name, 300_000, seed=20 + sorted(DTYPES).index(name))
+    tx = torch.from_numpy(x.view(np.uint8 if x.itemsize == 1 else np.int16)).cuda()
+    tx = tx.view(getattr(torch, name))
+    for chunk in (1, 41, 4096, 1 << 17):
+        want = speckv.encode(tx.cpu(), mu, sigma_codes=codes, chunk_size=chunk)
+        got = speckv.cuda.encode(tx, torch.from_numpy(mu).cuda(), torch.from_numpy(codes).cuda(), chunk_size=chunk)
+        assert got == want, f"{name}, chunks of {chunk}"
+
+
+@gpu
+def test_gpu_encode_refuses_what_it_cannot_code():
+    import torch
+
+    x = torch.zeros(8, dtype=torch.float32, device="cuda")
+    with pytest.raises(TypeError, match="GPU coder"):
+        speckv.cuda.encode(x, x, torch.zeros(8, dtype=torch.int16, device="cuda"))
+    b = x.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="broadcast"):
+        speckv.cuda.encode(b, x, torch.zeros(3, dtype=torch.int16, device="cuda"))
+    with pytest.raises(TypeError, match="int16"):
+        speckv.cuda.encode(b, x, torch.zeros(8, dtype=torch.int32, device="cuda"))
