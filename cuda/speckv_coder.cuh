@@ -319,17 +319,24 @@ SPECKV_HD uint32_t code_chunk(const ExactTables& t, const void* x, const uint64_
     mantissa.init(1u << modelled, mantissa_counts, mantissa_cdf, t);
     RangeEncoder lanes[LANES];
     for (uint32_t l = 0; l < LANES; ++l) lanes[l] = RangeEncoder{0, ~0ull, lane_words + (uint64_t)l * capacity, 0};
-    for (uint32_t i = 0; i < n; ++i) {
-        RangeEncoder& enc = lanes[i % LANES];
-        const uint64_t s = symbols[i];
-        const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
-        if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
-        if (s & SYMBOL_RAW) {
-            const uint32_t bits = word_at(x, t.width, i);
-            head.encode(enc, bits >> m);
-            const uint32_t low_bits = bits & ((1u << m) - 1);
-            mantissa.encode(enc, low_bits >> uniform);
-            enc.put_bits(low_bits & ((1u << uniform) - 1), uniform);
+    for (uint32_t base = 0; base < n; base += LANES) {
+        // a group's eight symbol words are loaded before any is coded: eight loads in flight
+        // instead of one at a time (a GPU thread does not run ahead of a load it waits on)
+        uint64_t group[LANES];
+        const uint32_t size = n - base < LANES ? n - base : LANES;
+        for (uint32_t l = 0; l < size; ++l) group[l] = symbols[base + l];
+        for (uint32_t l = 0; l < size; ++l) {
+            RangeEncoder& enc = lanes[l];
+            const uint64_t s = group[l];
+            const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
+            if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
+            if (s & SYMBOL_RAW) {
+                const uint32_t bits = word_at(x, t.width, base + l);
+                head.encode(enc, bits >> m);
+                const uint32_t low_bits = bits & ((1u << m) - 1);
+                mantissa.encode(enc, low_bits >> uniform);
+                enc.put_bits(low_bits & ((1u << uniform) - 1), uniform);
+            }
         }
     }
     uint32_t payload = 0;

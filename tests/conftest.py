@@ -5,7 +5,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

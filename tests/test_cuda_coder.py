@@ -42,18 +42,18 @@ def _case(name: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     special = np.array([0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 65504.0, 1e-40, -1e-45, 3.0e38], np.float32)
     nonfinite = np.array([np.nan, np.inf, -np.inf], np.float32)
     # near the format's smallest normal binade, where its subnormals begin
-    edge = (
-        rng.uniform(1, 2, n) * np.exp2(np.log2(float(info.smallest_normal)) + rng.integers(-3, 3, n))
-    ) * rng.choice([-1, 1], n)
+    edge = (rng.uniform(1, 2, n) * np.exp2(np.log2(float(info.smallest_normal)) + rng.integers(-3, 3, n))) * rng.choice(
+        [-1, 1], n
+    )
     powers = np.exp2(rng.integers(0, 30, n)).astype(np.float32) * rng.choice([-1, 1], n)
     mu = np.where(kind == 0, bits, mu)
     mu = np.where(kind == 1, special[rng.integers(0, special.size, n)], mu)
     mu = np.where(kind == 2, nonfinite[rng.integers(0, 3, n)], mu)
     mu = np.where(kind == 3, powers, mu)
     mu = np.where(kind == 10, edge.astype(np.float32), mu).astype(np.float32)
-    codes = np.where(
-        rng.integers(0, 4, n) == 0, rng.integers(-2000, 2000, n), rng.integers(-70, 10, n)
-    ).astype(np.int16)
+    codes = np.where(rng.integers(0, 4, n) == 0, rng.integers(-2000, 2000, n), rng.integers(-70, 10, n)).astype(
+        np.int16
+    )
     near = np.log2(np.maximum(np.abs(edge), 1e-30)) * 8 - rng.integers(8, 80, n)
     codes = np.where(kind == 10, near.astype(np.int16), codes)
     sigma = np.exp2(codes.astype(np.float64) / 8)
@@ -108,9 +108,7 @@ def test_host_build_codes_shapes_and_broadcast_codes(cuda_host):
     x = (mu + rng.standard_normal(shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
     codes = speckv.sigma_codes(sigma)
     for chunk in (4096, 3 * 50 * 64):
-        assert _host_encode(cuda_host, x, mu, codes, chunk) == speckv.encode(
-            x, mu, sigma_codes=codes, chunk_size=chunk
-        )
+        assert _host_encode(cuda_host, x, mu, codes, chunk) == speckv.encode(x, mu, sigma_codes=codes, chunk_size=chunk)
     empty = np.zeros((0, 4), ml_dtypes.bfloat16)
     assert _host_encode(cuda_host, empty, np.zeros((0, 4), np.float32), np.zeros(4, np.int16), 16) == speckv.encode(
         empty, np.zeros((0, 4), np.float32), sigma_codes=np.zeros(4, np.int16), chunk_size=16

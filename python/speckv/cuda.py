@@ -85,7 +85,12 @@ def _check(result: Any, what: str) -> Any:
 
 #: the programs and their kernels (one module per program, loaded on first use)
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "speckv_params.cu": ("speckv_sigma_codes", "speckv_relative_sigma_codes", "speckv_fp8_quantize", "speckv_coding_mu"),
+    "speckv_params.cu": (
+        "speckv_sigma_codes",
+        "speckv_relative_sigma_codes",
+        "speckv_fp8_quantize",
+        "speckv_coding_mu",
+    ),
     "speckv_coder.cu": ("speckv_exact_symbols", "speckv_code_chunks", "speckv_fingerprints", "speckv_join_lanes"),
 }
 
@@ -124,9 +129,7 @@ def compile_kernels(arch: str = "compute_90", *, program: str = "speckv_params.c
             size = _check(nvrtc.nvrtcGetProgramLogSize(program_handle), "nvrtcGetProgramLogSize")
             log = b" " * size
             nvrtc.nvrtcGetProgramLog(program_handle, log)
-            raise SpeckvError(
-                f"NVRTC could not compile {program} for {arch}:\n{log.decode(errors='replace')}"
-            )
+            raise SpeckvError(f"NVRTC could not compile {program} for {arch}:\n{log.decode(errors='replace')}")
         get_size, get = (
             (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if cubin else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
         )
@@ -393,7 +396,8 @@ def _device_tables(module: _Module, dtype_name: str) -> np.ndarray:
         t = _speckv.exact_tables(dtype_name)
         device = torch.device("cuda", module.device)
         # uint32 nodes travel as int32: the kernels read the same bytes
-        arrays = [torch.from_numpy(t[k].view(np.int32) if k == "nodes" else t[k]).to(device) for k in ("nodes", "edges", "sigmas")]
+        host = (t["nodes"].view(np.int32), t["edges"], t["sigmas"])
+        arrays = [torch.from_numpy(a).to(device) for a in host]
         struct = exact_tables(dtype_name, *(a.data_ptr() for a in arrays))
         module.tables[dtype_name] = (np.frombuffer(bytes(struct), np.uint8).copy(), arrays)
     return module.tables[dtype_name][0]

@@ -63,6 +63,10 @@ def _stack(targets: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
     x = torch.stack(xs) if xs[0] is not None else None
     mu = torch.stack([t[1] for t in targets])
     codes = [t[2] for t in targets]
+    if isinstance(codes[0], torch.Tensor):  # on the GPU (`_coding` with ``on_device``)
+        if any(c.shape != codes[0].shape for c in codes):
+            codes = [c.expand(t[1].shape) for c, t in zip(codes, targets)]
+        return x, mu, torch.stack(codes)
     if any(c.shape != codes[0].shape for c in codes):
         codes = [np.broadcast_to(c, tuple(t[1].shape)) for c, t in zip(codes, targets)]
     return x, mu, np.stack(codes)
@@ -239,19 +243,23 @@ class SpeculativeCodec:
             return False
         return self.device == "cuda" or speckv_cuda.available()
 
-    def _stored(self, mode: str, layer: int, kv: int, true: torch.Tensor) -> torch.Tensor:
-        """One layer's K or V as `mode` stores it, on the host."""
+    def _stored(self, mode: str, layer: int, kv: int, true: torch.Tensor, on_device: bool = False) -> torch.Tensor:
+        """One layer's K or V as `mode` stores it, on the host (``on_device``: on its GPU)."""
         if self._on_gpu(true):
             if mode == "fp8":
                 scale = float(self._calibration().fp8_scales[layer, kv])
-                return speckv_cuda.fp8_quantize(true, scale).cpu()
-            return true.to(MODES[mode]).cpu()  # bf16 / fp16 from their own dtype: exact
+                stored = speckv_cuda.fp8_quantize(true, scale)
+            else:
+                stored = true.to(MODES[mode])  # bf16 / fp16 from their own dtype: exact
+            return stored if on_device else stored.cpu()
         true = true.cpu()
         if mode == "fp8":
             return fp8_quantize(true, float(self._calibration().fp8_scales[layer, kv]))
         return true.to(MODES[mode])
 
-    def _mu(self, mode: str, layer: int, kv: int, pred: torch.Tensor, joint: bool = False) -> torch.Tensor:
+    def _mu(
+        self, mode: str, layer: int, kv: int, pred: torch.Tensor, joint: bool = False, on_device: bool = False
+    ) -> torch.Tensor:
         """The prediction in the stored dtype's units, float32; with the joint model, times its
         per-channel gain (one correctly rounded float32 product per scalar: the same on every
         machine), on the host. On a GPU (``_on_gpu``) the CUDA module computes the same bits and
@@ -265,7 +273,8 @@ class SpeculativeCodec:
             gain = gain.reshape(heads, dim)
         if self._on_gpu(pred):
             if gain is None:
-                return speckv_cuda.coding_mu(pred, fp8_scale).cpu()
+                mu = speckv_cuda.coding_mu(pred, fp8_scale)
+                return mu if on_device else mu.cpu()
             g = gain.to(pred.device)
             heads = [speckv_cuda.coding_mu(pred[:, h : h + 1], fp8_scale, g[h]) for h in range(pred.shape[1])]
             return torch.cat(heads, dim=1).cpu()
@@ -300,18 +309,37 @@ class SpeculativeCodec:
             sigma = torch.sqrt(sigma * sigma + (r[None, :, None, :] * mu) ** 2)
         return x, mu, sigma
 
-    def _coding(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor, joint=False):
+    def _coding(
+        self,
+        mode: str,
+        layer: int,
+        kv: int,
+        true: torch.Tensor | None,
+        pred: torch.Tensor,
+        joint=False,
+        on_device: bool = False,
+    ):
         """(stored tensor or None, mu, sigma codes) of one layer's K or V in `mode`: exactly
-        what encoder and decoder code with, on any machine."""
-        x = self._stored(mode, layer, kv, true) if true is not None else None
-        mu = self._mu(mode, layer, kv, pred, joint)
+        what encoder and decoder code with, on any machine. ``on_device``: all three stay on
+        the GPU the cache and prediction are on (for the GPU coder; not with the joint model)."""
+        x = self._stored(mode, layer, kv, true, on_device) if true is not None else None
+        mu = self._mu(mode, layer, kv, pred, joint, on_device)
         return x, mu, self._sigma_codes(mode, layer, kv, mu, joint)
 
-    def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor, joint: bool = False) -> np.ndarray:
+    def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor, joint: bool = False) -> Any:
         """Sigma codes: per channel (``[1, heads, 1, dim]``, to broadcast), or per scalar for a
         relative sigma, ``sqrt(s^2 + (r mu)^2)`` computed in Rust with correctly rounded float32
-        steps (the same codes on every machine)."""
+        steps (the same codes on every machine). For a ``mu`` on the GPU, a tensor there (the
+        per-scalar codes from the CUDA module's kernel, the same integers)."""
         s, r = self._sigma_parts(mode, layer, kv, joint)
+        if mu.is_cuda:
+            if r is None:
+                return torch.from_numpy(_api.sigma_codes(s[None, :, None, :])).to(mu.device)
+            parts = [
+                speckv_cuda.relative_sigma_codes(mu[:, h : h + 1], s[h].to(mu.device), r[h].to(mu.device))
+                for h in range(mu.shape[1])
+            ]
+            return torch.cat(parts, dim=1)
         if r is None:
             return _api.sigma_codes(s[None, :, None, :])
         _, h, t, d = mu.shape
@@ -398,12 +426,23 @@ class SpeculativeCodec:
         cal = self._calibration()
         layout = _layout([(t, None, None) for pair in kv for t in pair])
         joint = self.joint and layout == "stacked" and bool(_joint_layers(cal))
+        # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
+        # module runs on: only coded bytes cross to the host. Not the joint model (it codes on
+        # the host) nor the fast one; the bytes are the host's either way.
+        tensors = [t for pair in (*kv, *prediction) for t in pair]
+        on_device = (
+            layout == "stacked"
+            and not joint
+            and model == "exact"
+            and all(t.is_cuda and t.device == tensors[0].device for t in tensors)
+            and self._on_gpu(tensors[0])
+        )
         jobs = []
         for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, prediction)):
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
-                jobs.append(self._coding(dtype, layer, which, t, p, joint))
+                jobs.append(self._coding(dtype, layer, which, t, p, joint, on_device))
         tokens = int(kv[0][0].shape[2])
         block = _block_size(block_size, tokens)
         layerwise = is_layerwise(self.predictor)
@@ -458,6 +497,9 @@ class SpeculativeCodec:
                 joint = self._joint_model(joint_mode, which, int(mu.shape[-1]), outside)
                 if which == 0:
                     outside = _api.residuals(x, mu).reshape(mu.shape[0], -1, mu.shape[-1])
+            if x.is_cuda:  # `_encode`'s on_device: the GPU coder, the same bytes
+                streams.append(speckv_cuda.encode(x, mu, codes, chunk_size=size))
+                continue
             streams.append(
                 _api.encode(x, mu, sigma_codes=codes, threads=threads, chunk_size=size, model=model, joint=joint)
             )
