@@ -1,17 +1,21 @@
 """The CUDA module on a GPU: each parameter kernel's throughput against the device's own copy
-bandwidth, and the bytes a compress call sends to the host with the kernels and without.
+bandwidth, the GPU coder against the Rust encoder on the host, and the bytes a compress call
+sends to the host: copying target and prediction, the parameter kernels' arrays, the GPU
+coder's chunks.
 
-    python benches/bench_cuda.py [--scalars 67108864] [--json FILE]
+    python benches/bench_cuda.py [--scalars 67108864] [--layers 30] [--tokens 512] [--json FILE]
 
-Needs a CUDA device (exits with the reason otherwise). Bytes crossing to the host are counted
-per cache scalar for what the Rust coder reads (target words, float32 mu; sigma codes are per
-channel), against copying the target and the prediction as they are.
+Needs a CUDA device (exits with the reason otherwise). The coder runs on a synthetic cache of
+the demo model's shape (layers x 3 heads x tokens x 64 channels, K or V) whose residuals are
+Gaussian with per-channel sigmas, and checks that its bytes are the host encoder's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import sys
 import time
 
@@ -32,9 +36,59 @@ def _time(fn, repeat: int = 20) -> float:
     return best
 
 
+def _coder(layers: int, tokens: int) -> list[dict]:
+    """The GPU coder (``speckv.cuda.encode``) on a synthetic K cache of the demo model's shape
+    in both storage modes and at three chunk sizes, against ``speckv.encode`` on the host (every
+    core), with the bytes compared."""
+    import torch
+
+    import speckv
+    import speckv.cuda
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    shape = (layers, 1, 3, tokens, 64)
+    sigma = torch.exp2(torch.rand((layers, 1, 3, 1, 64), device="cuda", generator=g) * 4 - 7)
+    pred = torch.randn(shape, device="cuda", generator=g)
+    true = pred + sigma * torch.randn(shape, device="cuda", generator=g)
+    scale = float(true.abs().max()) / 448
+    rows = []
+    for mode in ("bf16", "fp8"):
+        if mode == "bf16":
+            x, mu, s = true.to(torch.bfloat16), pred.to(torch.bfloat16).float(), sigma
+        else:
+            x, mu, s = speckv.cuda.fp8_quantize(true, scale), speckv.cuda.coding_mu(pred, scale), sigma / scale
+        codes = speckv.cuda.sigma_codes(s)
+        host = (x.cpu(), mu.cpu(), codes.cpu())
+        for chunk in (2 * 3 * tokens * 64, 16384, 4096):  # the codec's (two layers), then smaller
+            data = speckv.cuda.encode(x, mu, codes, chunk_size=chunk)
+            gpu_s = _time(functools.partial(speckv.cuda.encode, x, mu, codes, chunk_size=chunk), repeat=5)
+            t0 = time.perf_counter()
+            want = speckv.encode(*host[:2], sigma_codes=host[2], chunk_size=chunk, threads=os.cpu_count())
+            host_s = time.perf_counter() - t0
+            n = x.numel()
+            chunks = -(-n // chunk)
+            header = 24 + 8 * len(shape) + 48 + 32 * chunks + 8  # format/header.rs
+            rows.append(
+                {
+                    "mode": mode,
+                    "chunk": chunk,
+                    "gpu_s": gpu_s,
+                    "gpu_msym_s": n / gpu_s / 1e6,
+                    "host_s": host_s,
+                    "bits_per_scalar": 8 * len(data) / n,
+                    # the coded chunks, a length and a fingerprint per chunk
+                    "host_bytes": (len(data) - header + 12 * chunks) / n,
+                    "same_bytes": data == want,
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scalars", type=int, default=1 << 26)
+    parser.add_argument("--layers", type=int, default=30, help="layers of the coder's synthetic cache")
+    parser.add_argument("--tokens", type=int, default=512, help="tokens of the coder's synthetic cache")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -68,27 +122,37 @@ def main() -> None:
     add("coding_mu (fp8: / scale * gain)", lambda: speckv.cuda.coding_mu(pred, 0.0123, gain), 8 * n)
     add("sigma_codes (f32 -> i16)", lambda: speckv.cuda.sigma_codes(sigma), 6 * n)
 
+    coder = _coder(args.layers, args.tokens)
     # bytes per cache scalar that cross to the host in a compress call
     traffic = {
         "bf16 mode, copying target (bf16) and prediction (bf16)": 2 + 2,
-        "bf16 mode, the coder's arrays (bf16 words + f32 mu)": 2 + 4,
+        "bf16 mode, the parameter kernels' arrays (bf16 words + f32 mu)": 2 + 4,
         "fp8 mode, copying target (bf16) and prediction (bf16)": 2 + 2,
-        "fp8 mode, the coder's arrays (e4m3 words + f32 mu)": 1 + 4,
+        "fp8 mode, the parameter kernels' arrays (e4m3 words + f32 mu)": 1 + 4,
     }
+    for row in coder:
+        traffic[f"{row['mode']} mode, the GPU coder's chunks ({row['chunk']} scalars a chunk)"] = row["host_bytes"]
     report = {
         "device": torch.cuda.get_device_name(),
         "scalars": n,
         "first_use_s": first_use,
         "copy_gb_per_s": copy_gbs,
         "kernels": rows,
+        "coder": coder,
         "host_bytes_per_scalar": traffic,
     }
     print(f"{report['device']}: device copy {copy_gbs:.0f} GB/s (read + write); first use {first_use:.2f} s")
     for r in rows:
         print(f"  {r['kernel']:34s} {r['gb_per_s']:8.0f} GB/s  {r['of_copy']:6.1%} of the copy")
-    print("bytes per cache scalar sent to the host:")
+    print(f"GPU coder vs the Rust encoder ({os.cpu_count()} threads), {args.layers} layers x {args.tokens} tokens:")
+    for r in coder:
+        gpu = f"GPU {r['gpu_s'] * 1e3:7.1f} ms ({r['gpu_msym_s']:6.0f} Msym/s)"
+        host = f"host {r['host_s'] * 1e3:7.1f} ms: x{r['host_s'] / r['gpu_s']:.1f}"
+        size = f"{r['bits_per_scalar']:.3f} b/s, same bytes: {r['same_bytes']}"
+        print(f"  {r['mode']:4s} chunks of {r['chunk']:6d}: {gpu}, {host}; {size}")
+    print("bytes per cache scalar sent to the host (and the cut against copying target and prediction):")
     for what, b in traffic.items():
-        print(f"  {what:58s} {b}")
+        print(f"  {what:72s} {b:6.3f}  x{4 / b:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

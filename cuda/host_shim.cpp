@@ -8,7 +8,6 @@
 
 #include <stddef.h>
 
-#include <vector>
 
 extern "C" {
 
@@ -36,34 +35,30 @@ uint64_t speckv_xxh3(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
     return speckv::xxh3_64(a, na, b, nb);
 }
 
-void speckv_exact_symbols(const speckv::ExactTables* t, const void* x, const float* mu, const int16_t* codes,
-                          uint64_t* out, size_t n) {
-    for (size_t i = 0; i < n; ++i) out[i] = speckv::exact_symbol(*t, speckv::word_at(x, t->width, i), mu[i], codes[i]);
+// The kernels of speckv_coder.cu with the same parameters, each running its items in a loop
+// instead of a grid: python/speckv/cuda.py's encode drives them in the tests exactly as it
+// drives the GPU (tests/test_cuda_coder.py: a module whose launches call these).
+void host_speckv_exact_symbols(speckv::ExactTables t, const void* x, const float* mu, const int16_t* codes,
+                               uint64_t* symbols, unsigned long long n) {
+    for (unsigned long long i = 0; i < n; ++i) speckv::symbols_item(t, x, mu, codes, symbols, i);
 }
 
-// The four kernels of speckv_coder.cu one after another, as cuda.py's encode launches them:
-// every chunk's payload back to back in `out` (its length per chunk in `payload_bytes`) and
-// its fingerprint. Returns the bytes written, or 0 when `capacity` is too small.
-size_t speckv_encode_chunks(const speckv::ExactTables* t, const void* x, const float* mu, const int16_t* codes,
-                            size_t n, size_t chunk, uint8_t* out, size_t capacity, uint32_t* payload_bytes,
-                            uint64_t* fingerprints) {
-    const size_t chunks = (n + chunk - 1) / chunk;
-    std::vector<uint64_t> symbols(n);
-    speckv_exact_symbols(t, x, mu, codes, symbols.data(), n);
-    const uint32_t lane = speckv::lane_capacity((uint32_t)((chunk + speckv::LANES - 1) / speckv::LANES));
-    std::vector<uint32_t> words((size_t)speckv::LANES * lane), lane_bytes(speckv::LANES);
-    size_t at = 0;
-    for (size_t c = 0; c < chunks; ++c) {
-        const size_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
-        const void* xs = t->width == 8 ? (const void*)((const uint8_t*)x + start) : (const void*)((const uint16_t*)x + start);
-        payload_bytes[c] = speckv::code_chunk(*t, xs, symbols.data() + start, (uint32_t)(stop - start), words.data(),
-                                              lane, lane_bytes.data());
-        if (at + payload_bytes[c] > capacity) return 0;
-        speckv::join_lanes(words.data(), lane, lane_bytes.data(), out + at);
-        at += payload_bytes[c];
-        fingerprints[c] = speckv::chunk_fingerprint(mu + start, codes + start, stop - start);
-    }
-    return at;
+void host_speckv_code_chunks(speckv::ExactTables t, const void* x, const uint64_t* symbols, unsigned long long n,
+                             unsigned long long chunk, uint32_t* lane_words, unsigned int capacity,
+                             uint32_t* lane_bytes, uint32_t* payload_bytes, unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c)
+        speckv::code_chunks_item(t, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes, c);
+}
+
+void host_speckv_fingerprints(const float* mu, const int16_t* codes, unsigned long long n, unsigned long long chunk,
+                              uint64_t* out, unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c) speckv::fingerprints_item(mu, codes, n, chunk, out, c);
+}
+
+void host_speckv_join_lanes(const uint32_t* lane_words, unsigned int capacity, const uint32_t* lane_bytes,
+                            const unsigned long long* offsets, uint8_t* out, unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c)
+        speckv::join_item(lane_words, capacity, lane_bytes, (const uint64_t*)offsets, out, c);
 }
 
 }  // extern "C"

@@ -5,7 +5,8 @@
 //   speckv_fingerprints    one thread per chunk: XXH3 of the chunk's mu and sigma codes
 //   speckv_join_lanes      one thread per chunk: the payload at its offset (a prefix sum of
 //                          the payload lengths, computed between the launches)
-// Nothing depends on scheduling: every output is written by exactly one thread.
+// Nothing depends on scheduling: every output is written by exactly one thread. Each kernel's
+// work per item is a function of speckv_coder.cuh, which host_shim.cpp runs on the CPU.
 #include "speckv_coder.cuh"
 
 #define SPECKV_GRID_STRIDE(i, n)                                                             \
@@ -15,45 +16,28 @@
 extern "C" __global__ void speckv_exact_symbols(speckv::ExactTables tables, const void* __restrict__ x,
                                                 const float* __restrict__ mu, const int16_t* __restrict__ codes,
                                                 uint64_t* __restrict__ symbols, unsigned long long n) {
-    SPECKV_GRID_STRIDE(i, n) {
-        symbols[i] = speckv::exact_symbol(tables, speckv::word_at(x, tables.width, i), mu[i], codes[i]);
-    }
+    SPECKV_GRID_STRIDE(i, n) { speckv::symbols_item(tables, x, mu, codes, symbols, i); }
 }
 
-// Chunk c holds scalars [c * chunk, min((c + 1) * chunk, n)); its lanes' words go to
-// lane_words + c * 8 * capacity, their byte lengths to lane_bytes[8c..8c+8].
 extern "C" __global__ void speckv_code_chunks(speckv::ExactTables tables, const void* __restrict__ x,
                                               const uint64_t* __restrict__ symbols, unsigned long long n,
                                               unsigned long long chunk, uint32_t* __restrict__ lane_words,
                                               unsigned int capacity, uint32_t* __restrict__ lane_bytes,
                                               uint32_t* __restrict__ payload_bytes, unsigned long long chunks) {
     SPECKV_GRID_STRIDE(c, chunks) {
-        const unsigned long long start = c * chunk;
-        const unsigned long long stop = start + chunk < n ? start + chunk : n;
-        const void* xs = tables.width == 8 ? (const void*)((const uint8_t*)x + start)
-                                           : (const void*)((const uint16_t*)x + start);
-        payload_bytes[c] = speckv::code_chunk(tables, xs, symbols + start, (uint32_t)(stop - start),
-                                              lane_words + c * speckv::LANES * capacity, capacity,
-                                              lane_bytes + c * speckv::LANES);
+        speckv::code_chunks_item(tables, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes, c);
     }
 }
 
 extern "C" __global__ void speckv_fingerprints(const float* __restrict__ mu, const int16_t* __restrict__ codes,
                                                unsigned long long n, unsigned long long chunk,
                                                uint64_t* __restrict__ out, unsigned long long chunks) {
-    SPECKV_GRID_STRIDE(c, chunks) {
-        const unsigned long long start = c * chunk;
-        const unsigned long long stop = start + chunk < n ? start + chunk : n;
-        out[c] = speckv::chunk_fingerprint(mu + start, codes + start, stop - start);
-    }
+    SPECKV_GRID_STRIDE(c, chunks) { speckv::fingerprints_item(mu, codes, n, chunk, out, c); }
 }
 
 extern "C" __global__ void speckv_join_lanes(const uint32_t* __restrict__ lane_words, unsigned int capacity,
                                              const uint32_t* __restrict__ lane_bytes,
                                              const unsigned long long* __restrict__ offsets,
                                              uint8_t* __restrict__ out, unsigned long long chunks) {
-    SPECKV_GRID_STRIDE(c, chunks) {
-        speckv::join_lanes(lane_words + c * speckv::LANES * capacity, capacity, lane_bytes + c * speckv::LANES,
-                           out + offsets[c]);
-    }
+    SPECKV_GRID_STRIDE(c, chunks) { speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, c); }
 }

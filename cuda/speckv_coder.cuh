@@ -370,6 +370,38 @@ SPECKV_HD void join_lanes(const uint32_t* lane_words, uint32_t capacity, const u
     }
 }
 
+// The kernels' work per item (speckv_coder.cu runs them over a grid, host_shim.cpp over a
+// loop): chunk c holds scalars [c * chunk, min((c + 1) * chunk, n)); its lanes' words go to
+// lane_words + c * 8 * capacity, their byte lengths to lane_bytes[8c..8c+8].
+
+SPECKV_HD void symbols_item(const ExactTables& t, const void* x, const float* mu, const int16_t* codes,
+                            uint64_t* symbols, uint64_t i) {
+    symbols[i] = exact_symbol(t, word_at(x, t.width, i), mu[i], codes[i]);
+}
+
+SPECKV_HD void code_chunks_item(const ExactTables& t, const void* x, const uint64_t* symbols, uint64_t n,
+                                uint64_t chunk, uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes,
+                                uint32_t* payload_bytes, uint64_t c) {
+    const uint64_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
+    const void* xs = t.width == 8 ? (const void*)((const uint8_t*)x + start) : (const void*)((const uint16_t*)x + start);
+    payload_bytes[c] = code_chunk(t, xs, symbols + start, (uint32_t)(stop - start), lane_words + c * LANES * capacity,
+                                  capacity, lane_bytes + c * LANES);
+}
+
+SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n);
+
+SPECKV_HD void fingerprints_item(const float* mu, const int16_t* codes, uint64_t n, uint64_t chunk, uint64_t* out,
+                                 uint64_t c) {
+    const uint64_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
+    out[c] = chunk_fingerprint(mu + start, codes + start, stop - start);
+}
+
+// `offsets[c]`: where chunk c's payload starts in `out` (the prefix sum of payload_bytes).
+SPECKV_HD void join_item(const uint32_t* lane_words, uint32_t capacity, const uint32_t* lane_bytes,
+                         const uint64_t* offsets, uint8_t* out, uint64_t c) {
+    join_lanes(lane_words + c * LANES * capacity, capacity, lane_bytes + c * LANES, out + offsets[c]);
+}
+
 // prediction.rs: codes_and_fingerprint, a chunk's fingerprint: XXH3 over its mu's bytes then
 // its sigma codes' bytes (little-endian, as both are in memory on the host and the device).
 SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n) {

@@ -35,7 +35,4 @@ def cuda_host(tmp_path_factory):
     lib.speckv_coding_mu.argtypes = [pointer, ctypes.c_float, ctypes.c_int, pointer, pointer, size]
     lib.speckv_xxh3.argtypes = [pointer, size, pointer, size]
     lib.speckv_xxh3.restype = ctypes.c_uint64
-    lib.speckv_exact_symbols.argtypes = [pointer] * 5 + [size]
-    lib.speckv_encode_chunks.argtypes = [pointer] * 4 + [size, size, pointer, size, pointer, pointer]
-    lib.speckv_encode_chunks.restype = size
     return lib

@@ -67,39 +67,73 @@ def _case(name: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return words.view(dtype), mu, codes
 
 
-def _host_encode(lib, x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int, torch_hint=False) -> bytes:
-    """`speckv.cuda.encode`'s steps with the host build of the kernels."""
-    name = np.dtype(x.dtype).name
-    t = _speckv.exact_tables(name)
-    nodes, edges, sigmas = t["nodes"], t["edges"], t["sigmas"]
-    tables = speckv.cuda.exact_tables(name, _ptr(nodes), _ptr(edges), _ptr(sigmas))
-    n = x.size
-    chunks = -(-n // chunk)
-    words = np.ascontiguousarray(x.reshape(-1)).view(np.uint8 if x.itemsize == 1 else np.uint16)
-    m = np.ascontiguousarray(mu.reshape(-1), np.float32)
-    c = np.ascontiguousarray(np.broadcast_to(codes, x.shape).reshape(-1), np.int16)
-    out = np.empty(12 * n + 64 * chunks, np.uint8)
-    lengths = np.empty(chunks, np.uint32)
-    fingerprints = np.empty(chunks, np.uint64)
-    args = (_ptr(words), _ptr(m), _ptr(c), n, chunk, _ptr(out), out.size, _ptr(lengths), _ptr(fingerprints))
-    total = lib.speckv_encode_chunks(ctypes.byref(tables), *args)
-    assert total == int(lengths.sum(dtype=np.uint64))
-    return _speckv.assemble_predicted(
-        name, list(x.shape), chunk, out[:total], lengths, fingerprints, torch_hint=torch_hint
-    )
+class HostModule:
+    """``speckv.cuda._Module`` with the host build of the kernels: ``launch`` calls
+    ``host_<kernel>`` of ``cuda/host_shim.cpp`` (the kernels' per-item code in a loop) with the
+    arguments ``speckv.cuda.encode`` gives the GPU, so the tests drive encode's own steps."""
+
+    def __init__(self, lib):
+        p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.cuda.ExactTables
+        self.signatures = {
+            "speckv_exact_symbols": [tables, p, p, p, p, u64],
+            "speckv_code_chunks": [tables, p, p, u64, u64, p, u32, p, p, u64],
+            "speckv_fingerprints": [p, p, u64, u64, p, u64],
+            "speckv_join_lanes": [p, u32, p, p, p, u64],
+        }
+        assert set(self.signatures) == set(speckv.cuda.PROGRAMS["speckv_coder.cu"])
+        self.lib, self.tables, self.launches = lib, {}, []
+
+    def launch(self, name, n, args, stream, block=speckv.cuda.BLOCK):
+        kernel = getattr(self.lib, f"host_{name}")
+        kernel.argtypes = kinds = self.signatures[name]
+        assert len(args) == len(kinds), name
+        values = [
+            k.from_buffer_copy(a.tobytes()) if k is speckv.cuda.ExactTables else a.item() for k, a in zip(kinds, args)
+        ]
+        self.launches.append((name, n, block))
+        kernel(*values)
+
+
+@pytest.fixture
+def host_gpu(cuda_host, monkeypatch):
+    """`speckv.cuda.encode` on CPU tensors, its kernels run by the host build."""
+    module = HostModule(cuda_host)
+    monkeypatch.setattr(speckv.cuda, "_module", lambda tensor: (module, 0))
+    return module
+
+
+def _torch(x: np.ndarray):
+    """A numpy tensor of an 8/16-bit format as a torch tensor of that dtype (same bits)."""
+    torch = pytest.importorskip("torch")
+    words = torch.from_numpy(np.ascontiguousarray(x).view(np.uint8 if x.itemsize == 1 else np.int16))
+    return words.view(getattr(torch, np.dtype(x.dtype).name))
+
+
+def _host_encode(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes:
+    torch = pytest.importorskip("torch")
+    return speckv.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
+
+
+def _want(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes:
+    """The Rust encoder's stream (of a torch tensor, as the GPU coder's input is one)."""
+    return speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=chunk)
 
 
 @pytest.mark.parametrize("name", sorted(DTYPES))
-def test_host_build_writes_the_rust_encoders_bytes(cuda_host, name):
+def test_host_build_writes_the_rust_encoders_bytes(host_gpu, name):
     x, mu, codes = _case(name, 20_000, seed=sorted(DTYPES).index(name))
     for chunk in (1, 2, 3, 7, 8, 9, 21, 22, 40, 41, 64, 1000, 4096, 20_000, 1 << 17):
-        want = speckv.encode(x, mu, sigma_codes=codes, chunk_size=chunk)
-        got = _host_encode(cuda_host, x, mu, codes, chunk)
-        assert got == want, f"{name}, chunks of {chunk}"
-    assert np.array_equal(speckv.decode(got, mu, sigma_codes=codes).view(np.uint8), x.view(np.uint8))
+        got = _host_encode(x, mu, codes, chunk)
+        assert got == _want(x, mu, codes, chunk), f"{name}, chunks of {chunk}"
+    names = [launch[0] for launch in host_gpu.launches[:4]]
+    assert names == ["speckv_exact_symbols", "speckv_code_chunks", "speckv_fingerprints", "speckv_join_lanes"]
+    back = speckv.decode(got, mu, sigma_codes=codes)
+    torch = pytest.importorskip("torch")
+    words = back.view(torch.uint8 if back.element_size() == 1 else torch.int16)
+    assert np.array_equal(words.numpy().view(np.uint8), x.view(np.uint8))
 
 
-def test_host_build_codes_shapes_and_broadcast_codes(cuda_host):
+def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
     """A cache-shaped tensor with per-channel codes (the codec's usual case), and an empty one."""
     rng = np.random.default_rng(7)
     shape = (2, 3, 50, 64)
@@ -108,11 +142,15 @@ def test_host_build_codes_shapes_and_broadcast_codes(cuda_host):
     x = (mu + rng.standard_normal(shape).astype(np.float32) * sigma).astype(ml_dtypes.bfloat16)
     codes = speckv.sigma_codes(sigma)
     for chunk in (4096, 3 * 50 * 64):
-        assert _host_encode(cuda_host, x, mu, codes, chunk) == speckv.encode(x, mu, sigma_codes=codes, chunk_size=chunk)
+        assert _host_encode(x, mu, codes, chunk) == _want(x, mu, codes, chunk)
+    # rounds of a few chunks each (ROUND_SCALARS), as a large cache is coded
+    monkeypatch.setattr(speckv.cuda, "ROUND_SCALARS", 3 * 4096 + 5)
+    before = sum(name == "speckv_code_chunks" for name, _, _ in host_gpu.launches)
+    assert _host_encode(x, mu, codes, 4096) == _want(x, mu, codes, 4096)
+    assert sum(name == "speckv_code_chunks" for name, _, _ in host_gpu.launches) - before == 2
     empty = np.zeros((0, 4), ml_dtypes.bfloat16)
-    assert _host_encode(cuda_host, empty, np.zeros((0, 4), np.float32), np.zeros(4, np.int16), 16) == speckv.encode(
-        empty, np.zeros((0, 4), np.float32), sigma_codes=np.zeros(4, np.int16), chunk_size=16
-    )
+    args = (empty, np.zeros((0, 4), np.float32), np.zeros(4, np.int16), 16)
+    assert _host_encode(*args) == _want(*args)
 
 
 def test_xxh3_matches_the_reference_on_every_length_and_split(cuda_host):
@@ -139,7 +177,9 @@ def test_symbols_flag_escapes_and_unpredicted_scalars(cuda_host):
     mu = np.array([1.0, 1.0, 1.0, np.inf], np.float32)
     codes = speckv.sigma_codes(np.full(4, 0.01, np.float32))
     out = np.empty(4, np.uint64)
-    cuda_host.speckv_exact_symbols(ctypes.byref(tables), _ptr(x), _ptr(mu), _ptr(codes), _ptr(out), 4)
+    kernel = cuda_host.host_speckv_exact_symbols
+    kernel.argtypes = [speckv.cuda.ExactTables] + [ctypes.c_void_p] * 4 + [ctypes.c_ulonglong]
+    kernel(tables, _ptr(x), _ptr(mu), _ptr(codes), _ptr(out), 4)
     raw = np.uint64(1 << 63)
     cum, freq = out & np.uint64(0xFFFFFFFF), (out >> np.uint64(32)) & np.uint64(0x7FFFFFFF)
     assert not out[0] & raw and 0 < freq[0] and cum[0] + freq[0] <= t["g_max"] + 65536
@@ -148,7 +188,7 @@ def test_symbols_flag_escapes_and_unpredicted_scalars(cuda_host):
     assert out[3] == raw
 
 
-def test_lane_capacity_bounds_the_worst_case(cuda_host):
+def test_lane_capacity_bounds_the_worst_case(host_gpu):
     """Every scalar an escape with the costliest raw pattern the adaptive models can see: the
     words written stay within `lane_capacity` (the host build would otherwise write past its
     buffers, and the bytes would differ from Rust's)."""
@@ -160,8 +200,8 @@ def test_lane_capacity_bounds_the_worst_case(cuda_host):
         x = words.view(DTYPES[name])
         mu = np.full(n, 3.0e38, np.float32)  # every 16-bit value escapes (fp8 windows hold all)
         codes = np.full(n, -1016, np.int16)
-        stream = _host_encode(cuda_host, x, mu, codes, n)
-        assert stream == speckv.encode(x, mu, sigma_codes=codes, chunk_size=n)
+        stream = _host_encode(x, mu, codes, n)
+        assert stream == _want(x, mu, codes, n)
         # the payload's lane lengths (LEB128, after the 120-byte header of a 1-D, 1-chunk stream)
         payload, lanes = memoryview(stream)[120:], []
         while len(lanes) < 7:

@@ -253,9 +253,11 @@ def test_the_codec_checks_its_device_argument():
 
 @gpu
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
-def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode):
-    """The CUDA module computes the same parameters as the host: a cache and prediction on
-    the GPU give the bytes the same on the host give, which a CPU-only decoder restores."""
+@pytest.mark.parametrize("joint", [True, False])
+def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
+    """The CUDA module computes the same parameters as the host (and, without the joint
+    model, codes the chunks there): a cache and prediction on the GPU give the bytes the same
+    on the host give, which a CPU-only decoder restores."""
     from test_hf import ids, tiny_model
     from test_layerwise import assert_same
 
@@ -263,7 +265,7 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode):
     from speckv.hf.cache import other_kernels
 
     model = tiny_model("llama")
-    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model))
+    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
     codec.calibrate([ids(64, s) for s in range(4)])
     prompt = ids(48, 21)
     cache = other_kernels(model, prompt)
@@ -271,9 +273,15 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode):
     on_host = codec.compress_predicted(cache, prompt, pred, mode)
     gpu = [(k.cuda(), v.cuda()) for k, v in cache]
     gpu_pred = [(k.cuda(), v.cuda()) for k, v in pred]
-    for device in (None, "cuda"):
+    coded = []
+    encode = speckv.cuda.encode
+    monkeypatch.setattr(speckv.cuda, "encode", lambda *a, **k: coded.append(1) or encode(*a, **k))
+    for device in (None, "cuda", "cpu"):
         codec.device = device
         assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == on_host
+    # the GPU coder ran for K and V of each block with devices None and "cuda", without the
+    # joint model only
+    assert len(coded) == (0 if joint else 2 * 2 * len(codec.read_header(on_host).blocks))
     codec.device = None
     assert_same(codec, mode, cache, extract_kv(codec.decompress(on_host, prompt, dequantize=False)))
 

@@ -387,14 +387,13 @@ def lane_capacity(scalars: int) -> int:
 _CODED = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
 
 
-def _device_tables(module: _Module, dtype_name: str) -> np.ndarray:
-    """The exact model's tables of ``dtype_name`` on the module's device, once per process,
-    as the bytes of an ``ExactTables`` kernel argument."""
+def _device_tables(module: _Module, dtype_name: str, device: Any) -> np.ndarray:
+    """The exact model's tables of ``dtype_name`` on the module's ``device``, once per
+    process, as the bytes of an ``ExactTables`` kernel argument."""
     import torch
 
     if dtype_name not in module.tables:
         t = _speckv.exact_tables(dtype_name)
-        device = torch.device("cuda", module.device)
         # uint32 nodes travel as int32: the kernels read the same bytes
         host = (t["nodes"].view(np.int32), t["edges"], t["sigmas"])
         arrays = [torch.from_numpy(a).to(device) for a in host]
@@ -436,7 +435,7 @@ def encode(x: Any, mu: Any, codes: Any, *, chunk_size: int | None = None) -> byt
     m = mu.to(torch.float32).contiguous().reshape(-1)
     n = words.numel()
     chunks = -(-n // chunk)
-    tables = _device_tables(module, name)
+    tables = _device_tables(module, name, x.device)
     capacity = lane_capacity(-(-chunk // 8))
     lengths = torch.empty(chunks, dtype=torch.int32, device=x.device)
     fingerprints = torch.empty(chunks, dtype=torch.int64, device=x.device)
