@@ -56,9 +56,9 @@ void host_speckv_fingerprints(const float* mu, const int16_t* codes, unsigned lo
 }
 
 void host_speckv_join_lanes(const uint32_t* lane_words, unsigned int capacity, const uint32_t* lane_bytes,
-                            const unsigned long long* offsets, uint8_t* out, unsigned long long chunks) {
+                            const uint64_t* offsets, uint8_t* out, unsigned long long chunks) {
     for (unsigned long long c = 0; c < chunks; ++c)
-        speckv::join_item(lane_words, capacity, lane_bytes, (const uint64_t*)offsets, out, c);
+        speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, c);
 }
 
 }  // extern "C"

@@ -37,7 +37,7 @@ extern "C" __global__ void speckv_fingerprints(const float* __restrict__ mu, con
 
 extern "C" __global__ void speckv_join_lanes(const uint32_t* __restrict__ lane_words, unsigned int capacity,
                                              const uint32_t* __restrict__ lane_bytes,
-                                             const unsigned long long* __restrict__ offsets,
+                                             const uint64_t* __restrict__ offsets,
                                              uint8_t* __restrict__ out, unsigned long long chunks) {
     SPECKV_GRID_STRIDE(c, chunks) { speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, c); }
 }
