@@ -4,6 +4,7 @@
 //   c++ -O2 -std=c++17 -ffp-contract=off -shared -fPIC cuda/host_shim.cpp -o libspeckv_params.so
 // -ffp-contract=off keeps the compiler from fusing a*b+c (the Rust core never does).
 #include "speckv_coder.cuh"
+#include "speckv_joint.cuh"
 #include "speckv_params.cuh"
 
 #include <stddef.h>
@@ -38,6 +39,11 @@ uint64_t speckv_xxh3(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
 // The kernels of speckv_coder.cu with the same parameters, each running its items in a loop
 // instead of a grid: python/speckv/cuda.py's encode drives them in the tests exactly as it
 // drives the GPU (tests/test_cuda_coder.py: a module whose launches call these).
+void host_speckv_joint_params(speckv::JointModel j, const void* x, const float* mu, const int16_t* codes,
+                              float* mu_out, int16_t* codes_out, float* own, unsigned long long items) {
+    for (unsigned long long i = 0; i < items; ++i) speckv::joint_item(j, x, mu, codes, mu_out, codes_out, own, i);
+}
+
 void host_speckv_exact_symbols(speckv::ExactTables t, const void* x, const float* mu, const int16_t* codes,
                                uint64_t* symbols, unsigned long long n) {
     for (unsigned long long i = 0; i < n; ++i) speckv::symbols_item(t, x, mu, codes, symbols, i);
@@ -45,9 +51,11 @@ void host_speckv_exact_symbols(speckv::ExactTables t, const void* x, const float
 
 void host_speckv_code_chunks(speckv::ExactTables t, const void* x, const uint64_t* symbols, unsigned long long n,
                              unsigned long long chunk, uint32_t* lane_words, unsigned int capacity,
-                             uint32_t* lane_bytes, uint32_t* payload_bytes, unsigned long long chunks) {
+                             uint32_t* lane_bytes, uint32_t* payload_bytes, unsigned int layer_scalars,
+                             const uint32_t* runs, unsigned long long chunks) {
     for (unsigned long long c = 0; c < chunks; ++c)
-        speckv::code_chunks_item(t, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes, c);
+        speckv::code_chunks_item(t, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes,
+                                 layer_scalars, runs, c);
 }
 
 void host_speckv_fingerprints(const float* mu, const int16_t* codes, unsigned long long n, unsigned long long chunk,

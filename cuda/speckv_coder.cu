@@ -1,5 +1,7 @@
 // Device kernels over speckv_coder.cuh: a predicted stream's chunks coded on the GPU. The
 // host launches them in this order on one stream (python/speckv/cuda.py: encode):
+//   speckv_joint_params    jointly coded streams only (speckv_joint.cuh): one thread per
+//                          (layer, token), each scalar's conditional mu and sigma code
 //   speckv_exact_symbols   one thread per scalar: each scalar's symbol word
 //   speckv_code_chunks     one thread per chunk: eight lanes and the escape model, in order
 //   speckv_fingerprints    one thread per chunk: XXH3 of the chunk's mu and sigma codes
@@ -8,10 +10,18 @@
 // Nothing depends on scheduling: every output is written by exactly one thread. Each kernel's
 // work per item is a function of speckv_coder.cuh, which host_shim.cpp runs on the CPU.
 #include "speckv_coder.cuh"
+#include "speckv_joint.cuh"
 
 #define SPECKV_GRID_STRIDE(i, n)                                                             \
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; \
          i < (n); i += (unsigned long long)gridDim.x * blockDim.x)
+
+extern "C" __global__ void speckv_joint_params(speckv::JointModel joint, const void* __restrict__ x,
+                                               const float* __restrict__ mu, const int16_t* __restrict__ codes,
+                                               float* __restrict__ mu_out, int16_t* __restrict__ codes_out,
+                                               float* __restrict__ own, unsigned long long items) {
+    SPECKV_GRID_STRIDE(i, items) { speckv::joint_item(joint, x, mu, codes, mu_out, codes_out, own, i); }
+}
 
 extern "C" __global__ void speckv_exact_symbols(speckv::ExactTables tables, const void* __restrict__ x,
                                                 const float* __restrict__ mu, const int16_t* __restrict__ codes,
@@ -23,9 +33,11 @@ extern "C" __global__ void speckv_code_chunks(speckv::ExactTables tables, const 
                                               const uint64_t* __restrict__ symbols, unsigned long long n,
                                               unsigned long long chunk, uint32_t* __restrict__ lane_words,
                                               unsigned int capacity, uint32_t* __restrict__ lane_bytes,
-                                              uint32_t* __restrict__ payload_bytes, unsigned long long chunks) {
+                                              uint32_t* __restrict__ payload_bytes, unsigned int layer_scalars,
+                                              const uint32_t* __restrict__ runs, unsigned long long chunks) {
     SPECKV_GRID_STRIDE(c, chunks) {
-        speckv::code_chunks_item(tables, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes, c);
+        speckv::code_chunks_item(tables, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes,
+                                 layer_scalars, runs, c);
     }
 }
 

@@ -306,8 +306,15 @@ SPECKV_HD uint32_t word_at(const void* x, uint32_t width, uint64_t i) {
 // of `n` scalars, whose symbol words and patterns are `symbols` and `x`, into eight lanes of
 // `capacity` words each (`lane_words`, lane l at l * capacity); writes each lane's length in
 // bytes to `lane_bytes` and returns the chunk's payload length (join_lanes).
+//
+// Runs: the Rust encoder hands the coder a chunk in runs, and each run starts again at lane
+// 0 (its scalar k goes to lane k % 8) while the escape model carries on. A plain stream's
+// chunk is one run (`layer_scalars` 0); a jointly coded chunk is whole layers of
+// `layer_scalars`, layer l of the chunk in runs of `runs[l]` (codec.rs: joint_runs: a channel's
+// tokens, or the whole layer where it is coded plainly, J2).
 SPECKV_HD uint32_t code_chunk(const ExactTables& t, const void* x, const uint64_t* symbols, uint32_t n,
-                              uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes) {
+                              uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes, uint32_t layer_scalars,
+                              const uint32_t* runs) {
     // raw.rs: RawPatternModel, sign + exponent, then the top mantissa bits, then the rest
     const uint32_t m = t.mantissa_bits;
     const uint32_t modelled = m < 8 ? m : 8;  // MODELLED_MANTISSA_BITS
@@ -319,6 +326,7 @@ SPECKV_HD uint32_t code_chunk(const ExactTables& t, const void* x, const uint64_
     mantissa.init(1u << modelled, mantissa_counts, mantissa_cdf, t);
     RangeEncoder lanes[LANES];
     for (uint32_t l = 0; l < LANES; ++l) lanes[l] = RangeEncoder{0, ~0ull, lane_words + (uint64_t)l * capacity, 0};
+    uint32_t lane = 0, run = layer_scalars ? runs[0] : n, in_run = 0, layer = 0, in_layer = 0;
     for (uint32_t base = 0; base < n; base += LANES) {
         // a group's eight symbol words are loaded before any is coded: eight loads in flight
         // instead of one at a time (a GPU thread does not run ahead of a load it waits on)
@@ -326,7 +334,18 @@ SPECKV_HD uint32_t code_chunk(const ExactTables& t, const void* x, const uint64_
         const uint32_t size = n - base < LANES ? n - base : LANES;
         for (uint32_t l = 0; l < size; ++l) group[l] = symbols[base + l];
         for (uint32_t l = 0; l < size; ++l) {
-            RangeEncoder& enc = lanes[l];
+            RangeEncoder& enc = lanes[lane];
+            lane = (lane + 1) % LANES;
+            if (++in_run == run) {
+                in_run = 0;
+                lane = 0;
+            }
+            if (layer_scalars && ++in_layer == layer_scalars && base + l + 1 < n) {
+                in_layer = 0;
+                run = runs[++layer];
+                in_run = 0;
+                lane = 0;
+            }
             const uint64_t s = group[l];
             const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
             if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
@@ -379,13 +398,16 @@ SPECKV_HD void symbols_item(const ExactTables& t, const void* x, const float* mu
     symbols[i] = exact_symbol(t, word_at(x, t.width, i), mu[i], codes[i]);
 }
 
+// `layer_scalars` and `runs` (per layer of the stream): see code_chunk; a jointly coded
+// stream's chunks hold whole layers.
 SPECKV_HD void code_chunks_item(const ExactTables& t, const void* x, const uint64_t* symbols, uint64_t n,
                                 uint64_t chunk, uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes,
-                                uint32_t* payload_bytes, uint64_t c) {
+                                uint32_t* payload_bytes, uint32_t layer_scalars, const uint32_t* runs, uint64_t c) {
     const uint64_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
     const void* xs = t.width == 8 ? (const void*)((const uint8_t*)x + start) : (const void*)((const uint16_t*)x + start);
+    const uint32_t* chunk_runs = layer_scalars ? runs + start / layer_scalars : runs;
     payload_bytes[c] = code_chunk(t, xs, symbols + start, (uint32_t)(stop - start), lane_words + c * LANES * capacity,
-                                  capacity, lane_bytes + c * LANES);
+                                  capacity, lane_bytes + c * LANES, layer_scalars, chunk_runs);
 }
 
 SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n);

@@ -75,8 +75,9 @@ class HostModule:
     def __init__(self, lib):
         p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.cuda.ExactTables
         self.signatures = {
+            "speckv_joint_params": [speckv.cuda.JointModel, p, p, p, p, p, p, u64],
             "speckv_exact_symbols": [tables, p, p, p, p, u64],
-            "speckv_code_chunks": [tables, p, p, u64, u64, p, u32, p, p, u64],
+            "speckv_code_chunks": [tables, p, p, u64, u64, p, u32, p, p, u32, p, u64],
             "speckv_fingerprints": [p, p, u64, u64, p, u64],
             "speckv_join_lanes": [p, u32, p, p, p, u64],
         }
@@ -87,9 +88,8 @@ class HostModule:
         kernel = getattr(self.lib, f"host_{name}")
         kernel.argtypes = kinds = self.signatures[name]
         assert len(args) == len(kinds), name
-        values = [
-            k.from_buffer_copy(a.tobytes()) if k is speckv.cuda.ExactTables else a.item() for k, a in zip(kinds, args)
-        ]
+        structs = (speckv.cuda.ExactTables, speckv.cuda.JointModel)
+        values = [k.from_buffer_copy(a.tobytes()) if k in structs else a.item() for k, a in zip(kinds, args)]
         self.launches.append((name, n, block))
         kernel(*values)
 
@@ -151,6 +151,62 @@ def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
     empty = np.zeros((0, 4), ml_dtypes.bfloat16)
     args = (empty, np.zeros((0, 4), np.float32), np.zeros(4, np.int16), 16)
     assert _host_encode(*args) == _want(*args)
+
+
+def _joint_case(name: str, layers: int, channels: int, tokens: int, outside: int, seed: int):
+    """A channel-major stream of whole layers with a joint model: lower-triangular
+    coefficients with exact zeros, one layer all zero (coded plainly, J2), outside residuals,
+    per-channel codes mostly, and every kind of value and prediction from `_case`."""
+    rng = np.random.default_rng(seed)
+    n = layers * channels * tokens
+    x, mu, codes = _case(name, n, seed)
+    coef = (rng.standard_normal((layers, channels, outside + channels)) * 0.3).astype(np.float32)
+    coef[:, :, outside:] = np.tril(coef[:, :, outside:], -1)
+    coef[rng.random(coef.shape) < 0.2] = 0.0
+    offset = (rng.standard_normal((layers, channels)) * 0.01).astype(np.float32)
+    coef[1], offset[1] = 0.0, 0.0  # J2
+    out = (rng.standard_normal((layers, outside, tokens)) * 0.1).astype(np.float32) if outside else None
+    per_channel = np.broadcast_to(rng.integers(-60, 0, (layers, channels, 1)), (layers, channels, tokens))
+    codes = np.where(rng.random(n) < 0.95, per_channel.reshape(-1), codes).astype(np.int16)
+    return x, mu, codes, coef, offset, out
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+@pytest.mark.parametrize("scale", [speckv.TokenScale(), speckv.TokenScale(prior=1, clamp=3), None])
+def test_host_build_codes_the_joint_model_as_the_rust_encoder(host_gpu, name, scale):
+    """Conditional means (J1), plain layers (J2), the token scale (J3), outside residuals and
+    the lanes restarting at every channel's run: the same stream as ``speckv.encode`` with the
+    same ``Joint``, and the residuals a values stream would condition on."""
+    torch = pytest.importorskip("torch")
+    layers, channels, tokens = 4, 12, 37
+    for outside in (0, 5):
+        x, mu, codes, coef, offset, out = _joint_case(name, layers, channels, tokens, outside, seed=outside)
+        joint = speckv.Joint(channels, tokens, coef, offset, out, token_scale=scale)
+        args = (_torch(x), torch.from_numpy(mu), torch.from_numpy(codes))
+        for chunk in (channels * tokens, 2 * channels * tokens, layers * channels * tokens):
+            want = speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=chunk, joint=joint)
+            got, residuals = speckv.cuda.encode_joint(*args, joint, chunk_size=chunk)
+            assert got == want, f"{name} {scale} outside {outside} chunks of {chunk}"
+        assert np.array_equal(residuals.numpy().reshape(-1), speckv.residuals(x, mu))
+        # outside residuals given as a tensor where the data is, as the keys' stream leaves them
+        on_device = torch.from_numpy(out) if outside else None
+        again = speckv.Joint(channels, tokens, coef, offset, on_device, token_scale=scale)
+        whole = layers * channels * tokens
+        want = speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=whole, joint=joint)
+        assert speckv.cuda.encode(*args, chunk_size=whole, joint=again) == want
+
+
+def test_host_build_refuses_a_joint_model_that_does_not_fit(host_gpu):
+    torch = pytest.importorskip("torch")
+    x, mu, codes, coef, offset, _ = _joint_case("bfloat16", 2, 4, 8, 0, seed=1)
+    args = (_torch(x), torch.from_numpy(mu), torch.from_numpy(codes))
+    with pytest.raises(ValueError, match="whole layers"):
+        speckv.cuda.encode(*args, chunk_size=40, joint=speckv.Joint(4, 8, coef, offset))
+    with pytest.raises(TypeError, match="Joint"):
+        speckv.cuda.encode(*args, joint=(4, 8))
+    wide = np.zeros((2, 4, 6), np.float32)
+    with pytest.raises(ValueError, match="outside"):
+        speckv.cuda.encode(*args, joint=speckv.Joint(4, 8, wide, offset, np.zeros(3, np.float32)))
 
 
 def test_xxh3_matches_the_reference_on_every_length_and_split(cuda_host):

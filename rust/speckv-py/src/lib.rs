@@ -541,6 +541,7 @@ fn exact_tables<'py>(py: Python<'py>, dtype_name: &str) -> PyResult<Bound<'py, P
     d.set_item("nodes", PyArray1::from_vec(py, t.nodes))?;
     d.set_item("edges", PyArray1::from_vec(py, t.edges))?;
     d.set_item("sigmas", PyArray1::from_vec(py, t.sigmas))?;
+    d.set_item("values", PyArray1::from_vec(py, t.values))?;
     d.set_item("half_width", t.half_width)?;
     d.set_item("g_max", t.g_max)?;
     d.set_item("precision", t.precision)?;
@@ -558,10 +559,11 @@ fn exact_tables<'py>(py: Python<'py>, dtype_name: &str) -> PyResult<Bound<'py, P
 }
 
 /// The stream `encode` writes (exact model, default parameters) from chunks coded elsewhere:
-/// every chunk's payload back to back, with one length and one prediction fingerprint per
-/// chunk (`speckv::codec::assemble_predicted`).
+/// every chunk's payload back to back, with one length and one plain prediction fingerprint
+/// per chunk, and for a jointly coded stream its joint model (the outside residuals may be
+/// empty) and token scale (`speckv::codec::assemble_predicted`).
 #[pyfunction]
-#[pyo3(signature = (dtype_name, shape, chunk_scalars, payload, lengths, fingerprints, torch_hint=false))]
+#[pyo3(signature = (dtype_name, shape, chunk_scalars, payload, lengths, fingerprints, torch_hint=false, joint=None, token_scale=None))]
 #[allow(clippy::too_many_arguments)]
 fn assemble_predicted<'py>(
     py: Python<'py>,
@@ -572,17 +574,32 @@ fn assemble_predicted<'py>(
     lengths: PyReadonlyArray1<'py, u32>,
     fingerprints: PyReadonlyArray1<'py, u64>,
     torch_hint: bool,
+    joint: Option<JointArgs<'py>>,
+    token_scale: Option<(u8, u8)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
-    let contiguous = |_| PyValueError::new_err("payload, lengths and fingerprints must be contiguous");
+    let contiguous = |_| PyValueError::new_err("payload, lengths, fingerprints and joint arrays must be contiguous");
     let (payload, lengths, fingerprints) = (
         payload.as_slice().map_err(contiguous)?,
         lengths.as_slice().map_err(contiguous)?,
         fingerprints.as_slice().map_err(contiguous)?,
     );
-    let opts = EncodeOptions { torch_hint, ..options(1, chunk_scalars, "exact", None, None)? };
+    let joint = match &joint {
+        Some((channels, tokens, outside_channels, outside, coef, offset)) => Some(speckv::joint::Joint {
+            channels: *channels,
+            tokens: *tokens,
+            outside_channels: *outside_channels,
+            outside: outside.as_slice().map_err(contiguous)?,
+            coef: coef.as_slice().map_err(contiguous)?,
+            offset: offset.as_slice().map_err(contiguous)?,
+        }),
+        None => None,
+    };
+    let opts = EncodeOptions { torch_hint, ..options(1, chunk_scalars, "exact", None, token_scale)? };
     let stream = py
-        .allow_threads(|| speckv::assemble_predicted(dtype, &shape, &opts, payload, lengths, fingerprints))
+        .allow_threads(|| {
+            speckv::assemble_predicted(dtype, &shape, &opts, payload, lengths, fingerprints, joint.as_ref())
+        })
         .map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
 }
@@ -604,6 +621,7 @@ fn cuda_sources() -> Vec<(&'static str, &'static str)> {
         ("speckv_xxh3.cuh", include_str!("../../../cuda/speckv_xxh3.cuh")),
         ("speckv_coder.cuh", include_str!("../../../cuda/speckv_coder.cuh")),
         ("speckv_coder.cu", include_str!("../../../cuda/speckv_coder.cu")),
+        ("speckv_joint.cuh", include_str!("../../../cuda/speckv_joint.cuh")),
     ]
 }
 

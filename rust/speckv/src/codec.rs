@@ -390,8 +390,11 @@ fn write_stream<'a>(
 /// The stream `encode` writes for a prediction coded with the exact model, from chunks coded
 /// elsewhere (the CUDA module, `cuda/speckv_coder.cuh`): `payload` holds every chunk's bytes
 /// back to back, `lengths` and `fingerprints` one entry per chunk of `chunk_scalars` scalars.
-/// The chunks' bytes are taken as they are (a decoder checks them as it reads them); only the
-/// layout is checked here.
+/// The fingerprints are the plain ones (mu and sigma codes, `codes_and_fingerprint`); with
+/// `joint` (its `outside` may be empty: only the layout and the parameters' digests are read)
+/// they are mixed with the layers' digests as `encode` does, and the header records the joint
+/// model and the options' token scale. The chunks' bytes are taken as they are (a decoder
+/// checks them as it reads them); only the layout is checked here.
 pub fn assemble_predicted(
     dtype: DType,
     shape: &[u64],
@@ -399,12 +402,13 @@ pub fn assemble_predicted(
     payload: &[u8],
     lengths: &[u32],
     fingerprints: &[u64],
+    joint: Option<&Joint>,
 ) -> Result<Vec<u8>> {
     if dtype.bits() > 16 || options.model != ModelKind::Exact {
         return invalid("chunks coded elsewhere use the exact model, for 8- and 16-bit formats");
     }
     let n = shape_scalars(shape)?;
-    let model = stream_model(dtype, shape, options, None)?;
+    let mut model = stream_model(dtype, shape, options, None)?;
     let n_chunks = chunk_count(n, options.chunk_scalars) as usize;
     if lengths.len() != n_chunks || fingerprints.len() != n_chunks {
         return invalid(format!(
@@ -417,14 +421,42 @@ pub fn assemble_predicted(
     if lengths.iter().map(|&l| l as u64).sum::<u64>() != payload.len() as u64 {
         return invalid("payload: its length is not the sum of the chunks' lengths");
     }
+    let mut flags = FLAG_PREDICTED;
+    let mut prints = fingerprints.to_vec();
+    if let Some(j) = joint {
+        // the layout and the parameters' sizes (Joint::check without the outside residuals)
+        let per_layer = j.layer_scalars() as u64;
+        let layers = n.checked_div(per_layer).unwrap_or(0) as usize;
+        let width = j.channels + j.outside_channels;
+        if per_layer == 0
+            || !n.is_multiple_of(per_layer)
+            || !(options.chunk_scalars as u64).is_multiple_of(per_layer)
+            || j.coef.len() != layers * j.channels * width
+            || j.offset.len() != layers * j.channels
+        {
+            return invalid(
+                "joint: the stream is not whole layers in whole-layer chunks, or the parameters do not fit it",
+            );
+        }
+        flags |= FLAG_JOINT;
+        if let Some(scale) = options.token_scale {
+            scale.check()?;
+            model.token_scale = Some(scale);
+            flags |= FLAG_TOKEN_SCALE;
+        }
+        let chunk = options.chunk_scalars as usize;
+        for (i, print) in prints.iter_mut().enumerate() {
+            *print = joint_fingerprint(*print, j, &(i * chunk..((i + 1) * chunk).min(n as usize)));
+        }
+    }
     let mut chunks = Vec::with_capacity(n_chunks);
     let mut rest = payload;
-    for (&length, &fingerprint) in lengths.iter().zip(fingerprints) {
+    for (&length, &fingerprint) in lengths.iter().zip(&prints) {
         let (bytes, tail) = rest.split_at(length as usize);
         chunks.push((bytes, fingerprint));
         rest = tail;
     }
-    write_stream(&model, shape, options, FLAG_PREDICTED, chunks.iter().copied(), n_chunks)
+    write_stream(&model, shape, options, flags, chunks.iter().copied(), n_chunks)
 }
 
 /// Bits the model asks for, summed over every scalar: what a perfect coder driven by exactly

@@ -19,6 +19,8 @@ pub struct ExactTables {
     pub edges: Vec<f32>,
     /// `(sigma, 1 / sigma)` of every sigma code `SIGMA_CODE_MIN..=SIGMA_CODE_MAX`, flattened.
     pub sigmas: Vec<f64>,
+    /// Every pattern's value as float32, NaN where not finite (the joint model's values).
+    pub values: Vec<f32>,
     pub half_width: f64,
     pub g_max: u32,
     pub precision: u32,
@@ -52,6 +54,7 @@ pub fn exact_tables(dtype: DType, params: &ModelParams) -> Result<ExactTables> {
         nodes: cdf.nodes().to_vec(),
         edges: grid.edges().to_vec(),
         sigmas,
+        values: crate::joint::values(dtype).map(<[f32]>::to_vec).unwrap_or_default(),
         half_width: cdf.half_width,
         g_max: cdf.g_max,
         precision: cdf.precision,

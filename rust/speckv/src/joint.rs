@@ -256,7 +256,7 @@ fn residual(v: f32, m: f32) -> f32 {
 
 /// Each pattern's value as float32 (exact for 8/16-bit formats; NaN for non-finite ones),
 /// built once per format; `None` for float32 itself.
-fn values(dtype: DType) -> Option<&'static [f32]> {
+pub(crate) fn values(dtype: DType) -> Option<&'static [f32]> {
     static TABLES: [OnceLock<Vec<f32>>; 4] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let slot = match dtype {
         DType::BFloat16 => 0,

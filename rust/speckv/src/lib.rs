@@ -32,7 +32,10 @@ pub mod token_scale;
 pub mod words;
 
 pub use chunk::ModelKind;
-pub use codec::{assemble_predicted, decode_chunks_into, decode_into, decode_parsed, decoded_len, encode, ideal_bits, info, EncodeOptions};
+pub use codec::{
+    assemble_predicted, decode_chunks_into, decode_into, decode_parsed, decoded_len, encode, ideal_bits, info,
+    EncodeOptions,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use exact::kernels;
