@@ -305,3 +305,34 @@ def test_gpu_encode_refuses_what_it_cannot_code():
         speckv.cuda.encode(b, x, torch.zeros(3, dtype=torch.int16, device="cuda"))
     with pytest.raises(TypeError, match="int16"):
         speckv.cuda.encode(b, x, torch.zeros(8, dtype=torch.int32, device="cuda"))
+
+
+# -- the codec's GPU path, driven through the host build ---------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+@pytest.mark.parametrize("joint", [True, False])
+def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, mode, joint):
+    """``SpeculativeCodec`` with its GPU coder (tensors left where they are, sigma codes as
+    tensors, the joint model's channel-major layers, the keys' residuals handed to the values
+    stream) on CPU tensors with the kernels' host build: the container the host path writes."""
+    pytest.importorskip("transformers")
+    from test_hf import ids, tiny_model
+
+    from speckv.hf import Fp8Predictor, SpeculativeCodec
+    from speckv.hf.cache import other_kernels
+
+    model = tiny_model("llama")
+    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
+    codec.calibrate([ids(64, s) for s in range(4)])
+    prompt = ids(300, 21)  # two blocks
+    cache = other_kernels(model, prompt)
+    prediction = codec.predictor.predict(prompt)
+    want = codec.compress_predicted(cache, prompt, prediction, mode)
+    assert host_gpu.launches == []
+    monkeypatch.setattr(codec, "_codes_on_gpu", lambda kv, pred: True)
+    assert codec.compress_predicted(cache, prompt, prediction, mode) == want
+    coded = sum(name == "speckv_code_chunks" for name, _, _ in host_gpu.launches)
+    assert coded == 2 * 2  # K and V of each block
+    assert sum(name == "speckv_joint_params" for name, _, _ in host_gpu.launches) == (4 if joint else 0)
+    assert ("joint" in speckv.info(want)["metadata"]) == joint

@@ -255,9 +255,8 @@ def test_the_codec_checks_its_device_argument():
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
 @pytest.mark.parametrize("joint", [True, False])
 def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
-    """The CUDA module computes the same parameters as the host (and, without the joint
-    model, codes the chunks there): a cache and prediction on the GPU give the bytes the same
-    on the host give, which a CPU-only decoder restores."""
+    """The CUDA module codes a cache and prediction on the GPU (with the joint model or
+    without) into the bytes the same on the host give, which a CPU-only decoder restores."""
     from test_hf import ids, tiny_model
     from test_layerwise import assert_same
 
@@ -274,14 +273,14 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     gpu = [(k.cuda(), v.cuda()) for k, v in cache]
     gpu_pred = [(k.cuda(), v.cuda()) for k, v in pred]
     coded = []
-    encode = speckv.cuda.encode
-    monkeypatch.setattr(speckv.cuda, "encode", lambda *a, **k: coded.append(1) or encode(*a, **k))
+    encode = speckv.cuda.encode_joint
+    monkeypatch.setattr(speckv.cuda, "encode_joint", lambda *a, **k: coded.append(1) or encode(*a, **k))
     for device in (None, "cuda", "cpu"):
         codec.device = device
         assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == on_host
-    # the GPU coder ran for K and V of each block with devices None and "cuda", without the
-    # joint model only
-    assert len(coded) == (0 if joint else 2 * 2 * len(codec.read_header(on_host).blocks))
+    # the GPU coder ran for K and V of each block with devices None and "cuda"
+    assert len(coded) == 2 * 2 * len(codec.read_header(on_host).blocks)
+    assert ("joint" in speckv.info(on_host)["metadata"]) == joint
     codec.device = None
     assert_same(codec, mode, cache, extract_kv(codec.decompress(on_host, prompt, dequantize=False)))
 

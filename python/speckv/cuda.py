@@ -450,9 +450,10 @@ def encode(x: Any, mu: Any, codes: Any, *, chunk_size: int | None = None, joint:
 
 
 def encode_joint(x: Any, mu: Any, codes: Any, joint: Any, *, chunk_size: int | None = None) -> tuple[bytes, Any]:
-    """`encode` with the joint residual model, and the residuals ``value(x) - mu`` (float32,
-    0 where not finite; x's shape, on the GPU): what a values stream conditions on when this
-    one holds the keys (``speckv.residuals``, computed where the data is)."""
+    """`encode` with the joint residual model ``joint`` (None: without), and the residuals
+    ``value(x) - mu`` (float32, 0 where not finite; x's shape, on the GPU; None without the
+    joint model): what a values stream conditions on when this one holds the keys
+    (``speckv.residuals``, computed where the data is)."""
     return _encode(x, mu, codes, chunk_size, joint)
 
 

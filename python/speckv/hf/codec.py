@@ -122,7 +122,8 @@ def _channel_major(job: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
     tokens]``: the joint model codes a channel's tokens one after another."""
     x, mu, codes = job
     x = x.transpose(-1, -2) if x is not None else None
-    return x, mu.transpose(-1, -2), np.swapaxes(codes, -1, -2)
+    codes = codes.transpose(-1, -2) if isinstance(codes, torch.Tensor) else np.swapaxes(codes, -1, -2)
+    return x, mu.transpose(-1, -2), codes
 
 
 def _wanted(layers: list[int] | None, n_layers: int) -> list[int]:
@@ -277,7 +278,8 @@ class SpeculativeCodec:
                 return mu if on_device else mu.cpu()
             g = gain.to(pred.device)
             heads = [speckv_cuda.coding_mu(pred[:, h : h + 1], fp8_scale, g[h]) for h in range(pred.shape[1])]
-            return torch.cat(heads, dim=1).cpu()
+            mu = torch.cat(heads, dim=1)
+            return mu if on_device else mu.cpu()
         pred = pred.cpu()
         mu = pred.float() / fp8_scale if fp8_scale is not None else pred.float()
         if gain is not None:
@@ -324,17 +326,19 @@ class SpeculativeCodec:
         the GPU the cache and prediction are on (for the GPU coder; not with the joint model)."""
         x = self._stored(mode, layer, kv, true, on_device) if true is not None else None
         mu = self._mu(mode, layer, kv, pred, joint, on_device)
-        return x, mu, self._sigma_codes(mode, layer, kv, mu, joint)
+        return x, mu, self._sigma_codes(mode, layer, kv, mu, joint, on_device)
 
-    def _sigma_codes(self, mode: str, layer: int, kv: int, mu: torch.Tensor, joint: bool = False) -> Any:
+    def _sigma_codes(
+        self, mode: str, layer: int, kv: int, mu: torch.Tensor, joint: bool = False, on_device: bool = False
+    ) -> Any:
         """Sigma codes: per channel (``[1, heads, 1, dim]``, to broadcast), or per scalar for a
         relative sigma, ``sqrt(s^2 + (r mu)^2)`` computed in Rust with correctly rounded float32
-        steps (the same codes on every machine). For a ``mu`` on the GPU, a tensor there (the
-        per-scalar codes from the CUDA module's kernel, the same integers)."""
+        steps (the same codes on every machine). ``on_device``: a tensor where ``mu`` is (the
+        per-scalar codes from the CUDA module's kernel for a GPU's ``mu``, the same integers)."""
         s, r = self._sigma_parts(mode, layer, kv, joint)
-        if mu.is_cuda:
-            if r is None:
-                return torch.from_numpy(_api.sigma_codes(s[None, :, None, :])).to(mu.device)
+        if on_device and (r is None or not mu.is_cuda):  # per channel; or a host mu (tests)
+            return torch.from_numpy(self._sigma_codes(mode, layer, kv, mu, joint)).to(mu.device)
+        if on_device:
             parts = [
                 speckv_cuda.relative_sigma_codes(mu[:, h : h + 1], s[h].to(mu.device), r[h].to(mu.device))
                 for h in range(mu.shape[1])
@@ -427,16 +431,9 @@ class SpeculativeCodec:
         layout = _layout([(t, None, None) for pair in kv for t in pair])
         joint = self.joint and layout == "stacked" and bool(_joint_layers(cal))
         # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
-        # module runs on: only coded bytes cross to the host. Not the joint model (it codes on
-        # the host) nor the fast one; the bytes are the host's either way.
-        tensors = [t for pair in (*kv, *prediction) for t in pair]
-        on_device = (
-            layout == "stacked"
-            and not joint
-            and model == "exact"
-            and all(t.is_cuda and t.device == tensors[0].device for t in tensors)
-            and self._on_gpu(tensors[0])
-        )
+        # module runs on: only coded bytes cross to the host. The exact model (the fast one
+        # codes on the host); the bytes are the host's either way.
+        on_device = layout == "stacked" and model == "exact" and self._codes_on_gpu(kv, prediction)
         jobs = []
         for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, prediction)):
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
@@ -450,7 +447,9 @@ class SpeculativeCodec:
         for start in range(0, tokens, block):
             part = [_tokens(job, start, start + block) for job in jobs]
             if layout == "stacked":
-                blocks.append(self._encode_stacked(part, layerwise, threads, model, dtype if joint else None))
+                blocks.append(
+                    self._encode_stacked(part, layerwise, threads, model, dtype if joint else None, on_device)
+                )
             else:
                 blocks.append(
                     _parallel(
@@ -470,8 +469,20 @@ class SpeculativeCodec:
             metadata["joint"] = True
         return container.pack(metadata, layout, len(kv), block, tokens, blocks)
 
+    def _codes_on_gpu(self, kv: KV, prediction: KV) -> bool:
+        """Whether the GPU coder (``speckv.cuda.encode``) codes this cache: it and its
+        prediction are on one GPU the CUDA module runs on (``device``)."""
+        tensors = [t for pair in (*kv, *prediction) for t in pair]
+        return all(t.is_cuda and t.device == tensors[0].device for t in tensors) and self._on_gpu(tensors[0])
+
     def _encode_stacked(
-        self, jobs: list[Any], layerwise: bool, threads: int | None, model: str, joint_mode: str | None
+        self,
+        jobs: list[Any],
+        layerwise: bool,
+        threads: int | None,
+        model: str,
+        joint_mode: str | None,
+        on_device: bool = False,
     ) -> list[bytes]:
         """A block's keys, then its values, each one stream of every layer: a stream per layer
         would cost ~0.5% of an fp8 cache in headers, a chunk per layer ~0.07%. Whole-prompt
@@ -479,7 +490,8 @@ class SpeculativeCodec:
         layer: CHUNKS_PER_LAYER chunks a layer, so one layer's decode still spreads over cores.
         With the joint model (``joint_mode``: the storage mode) each layer is stored
         channel-major and coded as a whole (its channels follow each other), the values
-        conditioned on the keys' residuals."""
+        conditioned on the keys' residuals. ``on_device``: the jobs' tensors are on a GPU and
+        the CUDA module codes them there."""
         layer = [jobs[which][0].numel() for which in (0, 1)]
         per_chunk = 1 if layerwise else max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // max(layer)))
         split = layerwise and joint_mode is None and all(n % CHUNKS_PER_LAYER == 0 for n in layer)
@@ -495,11 +507,14 @@ class SpeculativeCodec:
             joint = None
             if joint_mode is not None:
                 joint = self._joint_model(joint_mode, which, int(mu.shape[-1]), outside)
-                if which == 0:
-                    outside = _api.residuals(x, mu).reshape(mu.shape[0], -1, mu.shape[-1])
-            if x.is_cuda:  # `_encode`'s on_device: the GPU coder, the same bytes
-                streams.append(speckv_cuda.encode(x, mu, codes, chunk_size=size))
+            if on_device:  # the GPU coder, the same bytes
+                data, residuals = speckv_cuda.encode_joint(x, mu, codes, joint, chunk_size=size)
+                streams.append(data)
+                if joint_mode is not None and which == 0:  # the values condition on these, on the GPU
+                    outside = residuals.reshape(mu.shape[0], -1, mu.shape[-1])
                 continue
+            if joint_mode is not None and which == 0:
+                outside = _api.residuals(x, mu).reshape(mu.shape[0], -1, mu.shape[-1])
             streams.append(
                 _api.encode(x, mu, sigma_codes=codes, threads=threads, chunk_size=size, model=model, joint=joint)
             )
