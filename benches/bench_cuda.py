@@ -19,11 +19,22 @@ import os
 import sys
 import time
 
+import numpy as np
 
-def _time(fn, repeat: int = 20) -> float:
+
+def _time(fn, repeat: int = 20, device: str = "cuda") -> float:
+    """Fastest of ``repeat`` runs of ``fn`` after a warm-up, in seconds (CUDA events on a GPU;
+    the clock on the CPU, where the tests drive `_coder` through the kernels' host build)."""
     import torch
 
     fn()  # warm-up (and the module's first load)
+    if device != "cuda":
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     best = float("inf")
@@ -36,7 +47,7 @@ def _time(fn, repeat: int = 20) -> float:
     return best
 
 
-def _coder(layers: int, tokens: int) -> list[dict]:
+def _coder(layers: int, tokens: int, device: str = "cuda") -> list[dict]:
     """The GPU coder (``speckv.cuda.encode``) on a synthetic K cache of the demo model's shape
     in both storage modes and at three chunk sizes, against ``speckv.encode`` on the host (every
     core), with the bytes compared."""
@@ -45,25 +56,37 @@ def _coder(layers: int, tokens: int) -> list[dict]:
     import speckv
     import speckv.cuda
 
-    g = torch.Generator(device="cuda").manual_seed(1)
+    g = torch.Generator(device=device).manual_seed(1)
     shape = (layers, 1, 3, tokens, 64)
-    sigma = torch.exp2(torch.rand((layers, 1, 3, 1, 64), device="cuda", generator=g) * 4 - 7)
-    pred = torch.randn(shape, device="cuda", generator=g)
-    true = pred + sigma * torch.randn(shape, device="cuda", generator=g)
+    sigma = torch.exp2(torch.rand((layers, 1, 3, 1, 64), device=device, generator=g) * 4 - 7)
+    pred = torch.randn(shape, device=device, generator=g)
+    true = pred + sigma * torch.randn(shape, device=device, generator=g)
     scale = float(true.abs().max()) / 448
+    # a joint model of the keys' shape: lower-triangular coefficients over a layer's 192
+    # channels (channel-major layers, as the codec codes them)
+    channels = 3 * 64
+    coef = torch.randn((layers, channels, channels), generator=torch.Generator().manual_seed(2)) * 0.05
+    joint = speckv.Joint(channels, tokens, torch.tril(coef, -1).numpy(), np.zeros((layers, channels), np.float32))
     rows = []
-    for mode in ("bf16", "fp8"):
-        if mode == "bf16":
-            x, mu, s = true.to(torch.bfloat16), pred.to(torch.bfloat16).float(), sigma
-        else:
+    for mode in ("bf16", "fp8", "bf16 joint"):
+        if mode == "fp8":
             x, mu, s = speckv.cuda.fp8_quantize(true, scale), speckv.cuda.coding_mu(pred, scale), sigma / scale
-        codes = speckv.cuda.sigma_codes(s)
+        else:
+            x, mu, s = true.to(torch.bfloat16), pred.to(torch.bfloat16).float(), sigma
+        codes = speckv.cuda.sigma_codes(s).expand(shape)
+        with_joint = joint if mode.endswith("joint") else None
+        if with_joint is not None:  # channel-major
+            x, mu, codes = (a.transpose(-1, -2).contiguous() for a in (x, mu, codes))
         host = (x.cpu(), mu.cpu(), codes.cpu())
-        for chunk in (2 * 3 * tokens * 64, 16384, 4096):  # the codec's (two layers), then smaller
-            data = speckv.cuda.encode(x, mu, codes, chunk_size=chunk)
-            gpu_s = _time(functools.partial(speckv.cuda.encode, x, mu, codes, chunk_size=chunk), repeat=5)
+        layer = 3 * tokens * 64
+        for chunk in (2 * layer, 16384, 4096) if with_joint is None else (2 * layer, layer):
+            encode = functools.partial(speckv.cuda.encode, x, mu, codes, chunk_size=chunk, joint=with_joint)
+            data = encode()
+            gpu_s = _time(encode, repeat=5, device=device)
             t0 = time.perf_counter()
-            want = speckv.encode(*host[:2], sigma_codes=host[2], chunk_size=chunk, threads=os.cpu_count())
+            want = speckv.encode(
+                *host[:2], sigma_codes=host[2], chunk_size=chunk, threads=os.cpu_count(), joint=with_joint
+            )
             host_s = time.perf_counter() - t0
             n = x.numel()
             chunks = -(-n // chunk)
@@ -149,7 +172,7 @@ def main() -> None:
         gpu = f"GPU {r['gpu_s'] * 1e3:7.1f} ms ({r['gpu_msym_s']:6.0f} Msym/s)"
         host = f"host {r['host_s'] * 1e3:7.1f} ms: x{r['host_s'] / r['gpu_s']:.1f}"
         size = f"{r['bits_per_scalar']:.3f} b/s, same bytes: {r['same_bytes']}"
-        print(f"  {r['mode']:4s} chunks of {r['chunk']:6d}: {gpu}, {host}; {size}")
+        print(f"  {r['mode']:10s} chunks of {r['chunk']:6d}: {gpu}, {host}; {size}")
     print("bytes per cache scalar sent to the host (and the cut against copying target and prediction):")
     for what, b in traffic.items():
         print(f"  {what:72s} {b:6.3f}  x{4 / b:.1f}")

@@ -39,6 +39,25 @@ uint64_t speckv_xxh3(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
 // The kernels of speckv_coder.cu with the same parameters, each running its items in a loop
 // instead of a grid: python/speckv/cuda.py's encode drives them in the tests exactly as it
 // drives the GPU (tests/test_cuda_coder.py: a module whose launches call these).
+// The kernels of speckv_params.cu with the same parameters (items in a loop).
+void host_speckv_sigma_codes(const float* sigma, int16_t* out, unsigned long long n) {
+    for (unsigned long long i = 0; i < n; ++i) out[i] = speckv::sigma_code(sigma[i]);
+}
+
+void host_speckv_relative_sigma_codes(const float* mu, const float* s, const float* r, int16_t* out,
+                                      unsigned long long rows, unsigned long long dim) {
+    for (unsigned long long i = 0; i < rows * dim; ++i) out[i] = speckv::relative_sigma_code(mu[i], s[i % dim], r[i % dim]);
+}
+
+void host_speckv_fp8_quantize(const float* x, float scale, uint8_t* out, unsigned long long n) {
+    for (unsigned long long i = 0; i < n; ++i) out[i] = speckv::fp8_quantize(x[i], scale);
+}
+
+void host_speckv_coding_mu(const float* pred, float fp8_scale, int fp8, const float* gain, unsigned long long channels,
+                           float* out, unsigned long long n) {
+    for (unsigned long long i = 0; i < n; ++i) out[i] = speckv::coding_mu(pred[i], fp8_scale, fp8 != 0, gain[i % channels]);
+}
+
 void host_speckv_joint_params(speckv::JointModel j, const void* x, const float* mu, const int16_t* codes,
                               float* mu_out, int16_t* codes_out, float* own, unsigned long long items) {
     for (unsigned long long i = 0; i < items; ++i) speckv::joint_item(j, x, mu, codes, mu_out, codes_out, own, i);

@@ -74,14 +74,19 @@ class HostModule:
 
     def __init__(self, lib):
         p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.cuda.ExactTables
+        f32, i32 = ctypes.c_float, ctypes.c_int
         self.signatures = {
+            "speckv_sigma_codes": [p, p, u64],
+            "speckv_relative_sigma_codes": [p, p, p, p, u64, u64],
+            "speckv_fp8_quantize": [p, f32, p, u64],
+            "speckv_coding_mu": [p, f32, i32, p, u64, p, u64],
             "speckv_joint_params": [speckv.cuda.JointModel, p, p, p, p, p, p, u64],
             "speckv_exact_symbols": [tables, p, p, p, p, u64],
             "speckv_code_chunks": [tables, p, p, u64, u64, p, u32, p, p, u32, p, u64],
             "speckv_fingerprints": [p, p, u64, u64, p, u64],
             "speckv_join_lanes": [p, u32, p, p, p, u64],
         }
-        assert set(self.signatures) == set(speckv.cuda.PROGRAMS["speckv_coder.cu"])
+        assert set(self.signatures) == {k for kernels in speckv.cuda.PROGRAMS.values() for k in kernels}
         self.lib, self.tables, self.launches = lib, {}, []
 
     def launch(self, name, n, args, stream, block=speckv.cuda.BLOCK):
@@ -336,3 +341,21 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     assert coded == 2 * 2  # K and V of each block
     assert sum(name == "speckv_joint_params" for name, _, _ in host_gpu.launches) == (4 if joint else 0)
     assert ("joint" in speckv.info(want)["metadata"]) == joint
+
+
+def test_the_gpu_benchmark_runs_on_the_host_build(host_gpu):
+    """``benches/bench_cuda.py``'s coder section, on a small cache through the kernels' host
+    build: a GPU run (scarce) must not be the first to execute it. Every row codes the host
+    encoder's bytes."""
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benches" / "bench_cuda.py"
+    spec = importlib.util.spec_from_file_location("bench_cuda", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench._coder(2, 16, device="cpu")
+    assert [r["mode"] for r in rows] == ["bf16"] * 3 + ["fp8"] * 3 + ["bf16 joint"] * 2
+    assert all(r["same_bytes"] for r in rows), rows
+    assert all(0 < r["host_bytes"] < 2 for r in rows)
