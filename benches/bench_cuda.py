@@ -4,6 +4,13 @@ sends to the host: copying target and prediction, the parameter kernels' arrays,
 coder's chunks.
 
     python benches/bench_cuda.py [--scalars 67108864] [--layers 30] [--tokens 512] [--json FILE]
+    python benches/bench_cuda.py --traffic [legal|evaluation]
+
+``--traffic`` needs no GPU: it compresses real caches of the demo model (fp8 predictor, two
+512-token prompts of a bundled text, the calibration cached by ``speckv eval --predictor fp8``
+or made here) and counts what the GPU path would send to the host for them: every stream's
+chunk payloads plus a length and a fingerprint per chunk (the bytes are the same on either
+path, so the count is exact), against copying target and prediction.
 
 Needs a CUDA device (exits with the reason otherwise). The coder runs on a synthetic cache of
 the demo model's shape (layers x 3 heads x tokens x 64 channels, K or V) whose residuals are
@@ -107,13 +114,64 @@ def _coder(layers: int, tokens: int, device: str = "cuda") -> list[dict]:
     return rows
 
 
+def demo_traffic(text: str) -> dict:
+    """Host-bound bytes per cache scalar of a compress call with the GPU coder, on the demo
+    model's caches (see the module's notes)."""
+    from speckv import container
+    from speckv.cli import _calibrated_codec
+    from speckv.hf.cache import other_kernels
+    from speckv.hf.demo import bundled_text, load_demo_model, prompts
+
+    settings = argparse.Namespace(
+        calibration=None,
+        predictor="fp8",
+        block_size=None,
+        calibration_text=None,
+        samples=32,
+        seq_len=512,
+        recalibrate=False,
+        quiet=True,
+    )
+    import speckv
+
+    model, tokenizer = load_demo_model()
+    codec, _, _ = _calibrated_codec(settings, model, tokenizer, "demo model")
+    report = {}
+    for mode in ("bf16", "fp8"):
+        scalars = payload = chunks = 0
+        for prompt in prompts(tokenizer, bundled_text(text), 512, 2):
+            data = codec.compress(other_kernels(model, prompt), prompt, mode)
+            for block in container.parse(data).blocks:
+                for stream in block:
+                    facts = speckv.info(bytes(stream.data))
+                    scalars += facts["n_scalars"]
+                    payload += facts["payload_bytes"]
+                    chunks += facts["chunks"]
+        coder = (payload + 12 * chunks) / scalars
+        arrays = 2 + 4 if mode == "bf16" else 1 + 4
+        report[mode] = {"scalars": scalars, "chunks": chunks, "gpu_coder": coder, "copy": 4, "arrays": arrays}
+        print(
+            f"{text}, {mode} mode ({'joint' if codec.joint else 'plain'} model): to the host per cache scalar, "
+            f"GPU coder {coder:.3f} B; copying target and prediction 4 B (x{4 / coder:.2f}); "
+            f"the parameter kernels' arrays {arrays} B (x{arrays / coder:.2f})"
+        )
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scalars", type=int, default=1 << 26)
     parser.add_argument("--layers", type=int, default=30, help="layers of the coder's synthetic cache")
     parser.add_argument("--tokens", type=int, default=512, help="tokens of the coder's synthetic cache")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--traffic", nargs="?", const="legal", help="count host-bound bytes on the demo model (no GPU)")
     args = parser.parse_args()
+    if args.traffic:
+        report = demo_traffic(args.traffic)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
+        return
 
     import torch
 
