@@ -6,6 +6,7 @@
 #include "speckv_coder.cuh"
 #include "speckv_joint.cuh"
 #include "speckv_params.cuh"
+#include "speckv_stats.cuh"
 
 #include <stddef.h>
 
@@ -86,6 +87,15 @@ void host_speckv_join_lanes(const uint32_t* lane_words, unsigned int capacity, c
                             const uint64_t* offsets, uint8_t* out, unsigned long long chunks) {
     for (unsigned long long c = 0; c < chunks; ++c)
         speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, c);
+}
+
+// The kernel of speckv_stats.cu with the same parameters.
+void host_speckv_channel_sums(const float* t, const float* p, const float* p8, const float* q, double scale,
+                              unsigned long long batch, unsigned long long heads, unsigned long long tokens,
+                              unsigned long long dim, unsigned long long rows_per_item, uint64_t* sums,
+                              unsigned long long items) {
+    for (unsigned long long i = 0; i < items; ++i)
+        speckv::channel_sums_item(t, p, p8, q, scale, batch, heads, tokens, dim, rows_per_item, sums, i);
 }
 
 }  // extern "C"

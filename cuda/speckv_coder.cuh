@@ -27,14 +27,6 @@
 #include "speckv_params.cuh"
 #include "speckv_xxh3.cuh"
 
-#if defined(__CUDA_ARCH__)
-#define SPECKV_DADD(a, b) __dadd_rn((a), (b))
-#define SPECKV_DMUL(a, b) __dmul_rn((a), (b))
-#else
-#define SPECKV_DADD(a, b) ((a) + (b))
-#define SPECKV_DMUL(a, b) ((a) * (b))
-#endif
-
 namespace speckv {
 
 // Coders per chunk (chunk.rs: LANES, format version 2): scalar i of a chunk goes to lane i % 8.
@@ -127,7 +119,7 @@ SPECKV_HD uint32_t mixture_eval(const ExactTables& t, double z) {
 
 // exact.rs: Exact::cum, G at the pattern's lower edge plus one unit per pattern ("leak")
 SPECKV_HD uint32_t exact_cum(const ExactTables& t, double mu, double inv_sigma, int64_t lo, int64_t k) {
-    const double z = SPECKV_DMUL(SPECKV_DADD(lower_edge(t, k), -mu), inv_sigma);
+    const double z = SPECKV_DMUL(SPECKV_DSUB(lower_edge(t, k), mu), inv_sigma);
     return mixture_eval(t, z) + (uint32_t)(k - lo);
 }
 
@@ -148,7 +140,7 @@ SPECKV_HD uint64_t exact_symbol(const ExactTables& t, uint32_t x_bits, float mu_
         n = t.max_ordinal - t.min_ordinal + 1;
     } else {
         const double reach = SPECKV_DMUL(t.half_width, sigma);
-        lo = ordinal_toward_zero(t, SPECKV_DADD(mu, -reach)) - 1;
+        lo = ordinal_toward_zero(t, SPECKV_DSUB(mu, reach)) - 1;
         lo = lo > t.min_ordinal ? lo : t.min_ordinal;
         int64_t hi = ordinal_toward_zero(t, SPECKV_DADD(mu, reach)) + 1;
         hi = hi < t.max_ordinal ? hi : t.max_ordinal;

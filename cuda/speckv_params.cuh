@@ -43,6 +43,10 @@ typedef long long int64_t;
 #define SPECKV_MUL(a, b) __fmul_rn((a), (b))
 #define SPECKV_DIV(a, b) __fdiv_rn((a), (b))
 #define SPECKV_SQRT(a) __fsqrt_rn(a)
+#define SPECKV_DADD(a, b) __dadd_rn((a), (b))
+#define SPECKV_DSUB(a, b) __dadd_rn((a), -(b))
+#define SPECKV_DMUL(a, b) __dmul_rn((a), (b))
+#define SPECKV_DDIV(a, b) __ddiv_rn((a), (b))
 #else
 #include <math.h>
 #include <string.h>
@@ -51,6 +55,10 @@ typedef long long int64_t;
 #define SPECKV_MUL(a, b) ((a) * (b))
 #define SPECKV_DIV(a, b) ((a) / (b))
 #define SPECKV_SQRT(a) sqrtf(a)
+#define SPECKV_DADD(a, b) ((a) + (b))
+#define SPECKV_DSUB(a, b) ((a) - (b))
+#define SPECKV_DMUL(a, b) ((a) * (b))
+#define SPECKV_DDIV(a, b) ((a) / (b))
 #endif
 
 namespace speckv {

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+import speckv.cuda
+
 settings.register_profile(
     "default",
     max_examples=int(os.environ.get("SPECKV_HYPOTHESIS_EXAMPLES", "150")),
@@ -36,3 +38,44 @@ def cuda_host(tmp_path_factory):
     lib.speckv_xxh3.argtypes = [pointer, size, pointer, size]
     lib.speckv_xxh3.restype = ctypes.c_uint64
     return lib
+
+
+class HostModule:
+    """``speckv.cuda._Module`` with the host build of the kernels: ``launch`` calls
+    ``host_<kernel>`` of ``cuda/host_shim.cpp`` (the kernels' per-item code in a loop) with the
+    arguments ``speckv.cuda.encode`` gives the GPU, so the tests drive encode's own steps."""
+
+    def __init__(self, lib):
+        p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.cuda.ExactTables
+        f32, i32 = ctypes.c_float, ctypes.c_int
+        self.signatures = {
+            "speckv_sigma_codes": [p, p, u64],
+            "speckv_relative_sigma_codes": [p, p, p, p, u64, u64],
+            "speckv_fp8_quantize": [p, f32, p, u64],
+            "speckv_coding_mu": [p, f32, i32, p, u64, p, u64],
+            "speckv_joint_params": [speckv.cuda.JointModel, p, p, p, p, p, p, u64],
+            "speckv_exact_symbols": [tables, p, p, p, p, u64],
+            "speckv_code_chunks": [tables, p, p, u64, u64, p, u32, p, p, u32, p, u64],
+            "speckv_fingerprints": [p, p, u64, u64, p, u64],
+            "speckv_join_lanes": [p, u32, p, p, p, u64],
+            "speckv_channel_sums": [p, p, p, p, ctypes.c_double, u64, u64, u64, u64, u64, p, u64],
+        }
+        assert set(self.signatures) == {k for kernels in speckv.cuda.PROGRAMS.values() for k in kernels}
+        self.lib, self.tables, self.launches = lib, {}, []
+
+    def launch(self, name, n, args, stream, block=speckv.cuda.BLOCK):
+        kernel = getattr(self.lib, f"host_{name}")
+        kernel.argtypes = kinds = self.signatures[name]
+        assert len(args) == len(kinds), name
+        structs = (speckv.cuda.ExactTables, speckv.cuda.JointModel)
+        values = [k.from_buffer_copy(a.tobytes()) if k in structs else a.item() for k, a in zip(kinds, args)]
+        self.launches.append((name, n, block))
+        kernel(*values)
+
+
+@pytest.fixture
+def host_gpu(cuda_host, monkeypatch):
+    """`speckv.cuda.encode` on CPU tensors, its kernels run by the host build."""
+    module = HostModule(cuda_host)
+    monkeypatch.setattr(speckv.cuda, "_module", lambda tensor: (module, 0))
+    return module

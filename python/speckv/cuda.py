@@ -98,6 +98,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
         "speckv_fingerprints",
         "speckv_join_lanes",
     ),
+    "speckv_stats.cu": ("speckv_channel_sums",),
 }
 
 
@@ -579,9 +580,37 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
     return data, (own.reshape(shape) if own is not None else None)
 
 
+#: rows (batch x tokens) one thread of the statistics kernel sums before its atomic adds
+STATS_ROWS = 64
+
+
+def channel_sums(t: Any, p: Any, p8: Any, q: Any, scale: float) -> np.ndarray:
+    """Exact per-channel calibration sums of a cache ``t`` ``[..., heads, tokens, dim]`` on the
+    GPU (``cuda/speckv_stats.cuh``), with the predictions ``p`` (bf16 mode) and ``p8`` (fp8
+    mode, cache units), ``q`` the cache quantised to fp8 (fp8 units) and the fp8 scale:
+    ``_speckv.channel_sums``' limbs bit for bit, ``uint64 [3, heads * dim, 3]`` on the host."""
+    import torch
+
+    module, stream = _module(t)
+    arrays = [_f32(a).reshape(-1) for a in (t, p, p8, q)]
+    if any(a.numel() != arrays[0].numel() for a in arrays):
+        raise ValueError("channel_sums: t, p, p8 and q must have one shape")
+    heads, tokens, dim = (int(d) for d in t.shape[-3:])
+    batch = t.numel() // max(1, heads * tokens * dim)
+    channels = heads * dim
+    sums = torch.zeros(3 * channels * 3, dtype=torch.int64, device=t.device)
+    items = channels * -(-(batch * tokens) // STATS_ROWS)
+    u64 = np.uint64
+    args = [*(_ptr(a) for a in arrays), np.array(scale, np.float64)]
+    args += [np.array(v, u64) for v in (batch, heads, tokens, dim, STATS_ROWS)]
+    module.launch("speckv_channel_sums", items, [*args, _ptr(sums), np.array(items, u64)], stream)
+    return sums.cpu().numpy().view(np.uint64).reshape(3, channels, 3)
+
+
 __all__ = [
     "CudaUnavailableError",
     "available",
+    "channel_sums",
     "coding_mu",
     "compile_kernels",
     "encode",

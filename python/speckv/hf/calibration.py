@@ -48,10 +48,39 @@ def model_fingerprint(model: Any) -> str:
     return h.hexdigest()
 
 
-def _on_host(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A prediction made on a GPU (``Fp8Predictor(device="cuda")``), on the host where
-    calibration sums it."""
-    return [(k.cpu(), v.cpu()) for k, v in kv]
+def _like(kv: list[tuple[torch.Tensor, torch.Tensor]], truth: KV) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A prediction where the cache it predicts is: a GPU's prediction
+    (``Fp8Predictor(device="cuda")``) of a GPU's cache stays there, and calibration sums it
+    there (``_channel_sums``); otherwise on the host."""
+    device = truth[0][0].device
+    return [(k.to(device), v.to(device)) for k, v in kv]
+
+
+def _channel_sums(t: torch.Tensor, p: torch.Tensor, p8: torch.Tensor, scale: float) -> list[list[int]]:
+    """Exact per-channel sums (``rust/speckv/src/stats.rs``, invariant S1) of one layer's K or
+    V ``t`` ``[batch, heads, tokens, dim]``: of its values, of ``(t - p)^2`` and of ``(q - p8 /
+    scale)^2`` with ``q`` the fp8 mode's stored values; as Python integers in units of 2^-64,
+    per statistic and channel ``(head, dim)``. On a GPU the CUDA module sums them where the
+    tensors are, to the same integers."""
+    from .. import _speckv
+    from .. import cuda as speckv_cuda
+
+    if t.is_cuda and p.device == t.device and p8.device == t.device and speckv_cuda.available():
+        q = speckv_cuda.fp8_quantize(t, scale).float()
+        limbs = speckv_cuda.channel_sums(t, p, p8, q, scale)
+    else:
+        flat = [a.detach().cpu().float().contiguous().reshape(-1).numpy() for a in (t, p, p8)]
+        q = fp8_quantize(t.detach().cpu(), scale).float().reshape(-1).numpy()
+        _, heads, tokens, dim = t.shape
+        limbs = _speckv.channel_sums(flat[0], flat[1], flat[2], q, scale, heads, tokens, dim).reshape(3, -1, 3)
+    out = []
+    for stat in limbs.tolist():
+        row = []
+        for low, mid, high in stat:
+            value = low | mid << 64 | high << 128
+            row.append(value - (1 << 192) if value >> 191 else value)  # two's complement
+        out.append(row)
+    return out
 
 
 def fp8_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -234,31 +263,31 @@ def calibrate(
             if not fits and not learns:
                 layerwise = is_layerwise(predictor)
                 whole.append(
-                    walk(predictor.start(ids), truths[-1], _as_float) if layerwise else _on_host(predictor.predict(ids))
+                    walk(predictor.start(ids), truths[-1], _as_float)
+                    if layerwise
+                    else _like(predictor.predict(ids), truths[-1])
                 )
             tokens += ids.numel()
     n_layers = len(truths[0])
     heads, dim = truths[0][0][0].shape[1], truths[0][0][0].shape[3]
-    sq = torch.zeros(n_layers, 2, heads, dim, dtype=torch.float64)
-    total = torch.zeros_like(sq)
     amax = torch.zeros(n_layers, 2, dtype=torch.float64)
     count = 0
     for true in truths:
         count += true[0][0].shape[0] * true[0][0].shape[2]
         for layer, pair in enumerate(true):
             for kv, t in enumerate(pair):
-                t64 = t.double()
-                total[layer, kv] += t64.sum(dim=(0, 2))
-                amax[layer, kv] = max(amax[layer, kv], t64.abs().max())
+                amax[layer, kv] = max(amax[layer, kv], t.double().abs().max().cpu())  # exact anywhere
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
     if learns:
         predictor.fit_from_caches(truths)
-        whole = [_on_host(predictor.predict(ids)) for ids in samples]
+        whole = [_like(predictor.predict(ids), truth) for ids, truth in zip(samples, truths)]
     if fits:
         preds = _fitted_predictions(predictor, samples, truths, scales, progress)
     else:
         preds = {"bf16": whole, "fp8": whole}
-    sq8 = torch.zeros_like(sq)
+    # per layer and K/V: exact sums of the values, (t - p)^2 and (q - p8 / s)^2 per channel
+    # (`_channel_sums`), each rounded to float64 once at the end
+    exact = [[[[0] * (heads * dim) for _ in range(3)] for _ in range(2)] for _ in range(n_layers)]
     # layers predicted by the model's own computation get a relative part of sigma
     relative = range(int(getattr(predictor, "layers", 0))) if callable(getattr(predictor, "prefix", None)) else range(0)
     rel = {v: _RelativeFit(len(relative), heads, dim) for v in ("bf16", "fp8")} if relative else {}
@@ -273,11 +302,15 @@ def calibrate(
             mus: dict[str, list[torch.Tensor]] = {"bf16": [], "fp8": []}
             for kv, t in enumerate(pair):
                 s = float(scales[layer, kv])
+                sums = _channel_sums(t, preds["bf16"][i][layer][kv], preds["fp8"][i][layer][kv], s)
+                for stat, row in zip(exact[layer][kv], sums):
+                    for c, v in enumerate(row):
+                        stat[c] += v
+                if layer not in relative and layer not in joint_layers:
+                    continue
                 p = preds["bf16"][i][layer][kv].double()
                 p8 = preds["fp8"][i][layer][kv].double() / s
                 e, e8 = t.double() - p, fp8_quantize(t, s).double() - p8
-                sq[layer, kv] += (e**2).sum(dim=(0, 2))
-                sq8[layer, kv] += (e8**2).sum(dim=(0, 2))
                 if layer in relative:
                     rel["bf16"].add(layer, kv, e, p)
                     rel["fp8"].add(layer, kv, e8, p8)
@@ -288,8 +321,14 @@ def calibrate(
             if layer in joint_layers:
                 for v, fit in fits_joint.items():
                     fit.add(layer, *errors[v], *mus[v])
-    sigma = (sq / count).sqrt().float()
-    sigma_fp8 = (sq8 / count).sqrt().float()
+
+    def mean(stat: int) -> torch.Tensor:
+        # one correctly rounded division of exact integers (Python's int / int)
+        means = [[[v / (count << 64) for v in kv[stat]] for kv in layer] for layer in exact]
+        return torch.tensor(means, dtype=torch.float64).reshape(n_layers, 2, heads, dim)
+
+    sigma = mean(1).sqrt().float()
+    sigma_fp8 = mean(2).sqrt().float()
     sigma_rel = sigma_rel_fp8 = None
     if relative:
         sigma_rel, sigma_rel_fp8 = torch.zeros_like(sigma), torch.zeros_like(sigma)
@@ -314,7 +353,7 @@ def calibrate(
         sigma=sigma,
         sigma_fp8=sigma_fp8,
         fp8_scales=scales,
-        means=(total / count).float(),
+        means=mean(0).float(),
         metadata=metadata,
         predictor_state=dict(state_dict()) if (fits or learns) and callable(state_dict) else {},
         sigma_rel=sigma_rel,
@@ -359,6 +398,11 @@ class JointFit:
             return torch.cat(flat, dim=1).double()
 
         e, m = rows(k_error, v_error), rows(k_mu, v_mu)
+        if self.gram.device != e.device:
+            # a GPU's residuals are summed on the GPU (float64 products: not bit for bit the
+            # host's sums, unlike the per-channel statistics; the calibration file decides)
+            for name in ("gram", "sum", "n", "mu_sum", "gram_me", "gram_mm"):
+                setattr(self, name, getattr(self, name).to(e.device))
         self.gram[layer] += e.T @ e
         self.sum[layer] += e.sum(dim=0)
         self.n[layer] += e.shape[0]
@@ -373,6 +417,8 @@ class JointFit:
     STRUCTURES = ("offset", "affine", "within", "full")
 
     def solve(self, layers: list[int], shrinkage: float, structure: str = "full") -> dict[str, torch.Tensor]:
+        for name in ("gram", "sum", "n", "mu_sum", "gram_me", "gram_mm"):
+            setattr(self, name, getattr(self, name).cpu())
         if structure not in self.STRUCTURES:
             raise ValueError(f"structure: expected one of {self.STRUCTURES}, got {structure!r}")
         n_layers, c, _ = self.gram.shape
@@ -481,10 +527,10 @@ class _RelativeFit:
     def add(self, layer: int, kv: int, e: torch.Tensor, p: torch.Tensor) -> None:
         e2, p2 = e * e, p * p
         self.n[layer, kv] += e.shape[0] * e.shape[2]
-        self.e2[layer, kv] += e2.sum(dim=(0, 2))
-        self.p2[layer, kv] += p2.sum(dim=(0, 2))
-        self.p4[layer, kv] += (p2 * p2).sum(dim=(0, 2))
-        self.e2p2[layer, kv] += (e2 * p2).sum(dim=(0, 2))
+        self.e2[layer, kv] += e2.sum(dim=(0, 2)).cpu()
+        self.p2[layer, kv] += p2.sum(dim=(0, 2)).cpu()
+        self.p4[layer, kv] += (p2 * p2).sum(dim=(0, 2)).cpu()
+        self.e2p2[layer, kv] += (e2 * p2).sum(dim=(0, 2)).cpu()
 
     def solve(self) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.n.clamp(min=1)

@@ -604,6 +604,44 @@ fn assemble_predicted<'py>(
     Ok(PyBytes::new(py, &stream))
 }
 
+/// Exact per-channel calibration sums of a `[..., heads, tokens, dim]` cache (flat float32
+/// arrays `t`, `p`, `p8`, `q`; `speckv::stats`): `[3 statistics][heads * dim][3 limbs]` of
+/// 192-bit fixed-point integers, flat.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn channel_sums<'py>(
+    py: Python<'py>,
+    t: PyReadonlyArray1<'py, f32>,
+    p: PyReadonlyArray1<'py, f32>,
+    p8: PyReadonlyArray1<'py, f32>,
+    q: PyReadonlyArray1<'py, f32>,
+    scale: f64,
+    heads: usize,
+    tokens: usize,
+    dim: usize,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let contiguous = |_| PyValueError::new_err("t, p, p8 and q must be contiguous");
+    let (t, p, p8, q) = (
+        t.as_slice().map_err(contiguous)?,
+        p.as_slice().map_err(contiguous)?,
+        p8.as_slice().map_err(contiguous)?,
+        q.as_slice().map_err(contiguous)?,
+    );
+    let block = heads.checked_mul(tokens).and_then(|v| v.checked_mul(dim));
+    if block.is_none_or(|b| b == 0 || t.len() % b != 0) || [p.len(), p8.len(), q.len()].iter().any(|&n| n != t.len()) {
+        return Err(SpeckvError::new_err(format!(
+            "channel_sums: {} values (p {}, p8 {}, q {}) for heads {heads} x tokens {tokens} x dim {dim}",
+            t.len(),
+            p.len(),
+            p8.len(),
+            q.len()
+        )));
+    }
+    let sums = py.allow_threads(|| speckv::stats::channel_sums(t, p, p8, q, scale, heads, tokens, dim));
+    let flat: Vec<u64> = sums.iter().flat_map(|s| s.iter().flatten().copied()).collect();
+    Ok(PyArray1::from_vec(py, flat))
+}
+
 /// Which kernels code the exact model here: "avx2" or "portable" (same bytes either way).
 #[pyfunction]
 fn kernels() -> &'static str {
@@ -622,6 +660,8 @@ fn cuda_sources() -> Vec<(&'static str, &'static str)> {
         ("speckv_coder.cuh", include_str!("../../../cuda/speckv_coder.cuh")),
         ("speckv_coder.cu", include_str!("../../../cuda/speckv_coder.cu")),
         ("speckv_joint.cuh", include_str!("../../../cuda/speckv_joint.cuh")),
+        ("speckv_stats.cuh", include_str!("../../../cuda/speckv_stats.cuh")),
+        ("speckv_stats.cu", include_str!("../../../cuda/speckv_stats.cu")),
     ]
 }
 
@@ -641,6 +681,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_sources, m)?)?;
     m.add_function(wrap_pyfunction!(exact_tables, m)?)?;
     m.add_function(wrap_pyfunction!(assemble_predicted, m)?)?;
+    m.add_function(wrap_pyfunction!(channel_sums, m)?)?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;

@@ -28,6 +28,7 @@ pub mod joint;
 pub mod model;
 pub mod parallel;
 pub mod prediction;
+pub mod stats;
 pub mod token_scale;
 pub mod words;
 

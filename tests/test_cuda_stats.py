@@ -1,0 +1,169 @@
+"""Calibration statistics summed exactly (``rust/speckv/src/stats.rs``, invariant S1;
+``cuda/speckv_stats.cuh``): the Rust sums equal exact integer arithmetic on the same terms,
+the CUDA kernel's host build gives the same integers in any grouping, and calibration's
+sigmas and means agree with plain float64 sums to rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import speckv.cuda
+from speckv import _speckv
+
+torch = pytest.importorskip("torch")
+
+
+def _cache(shape, seed):
+    """A cache-like tensor (bf16 values, so exact in float32), predictions near it, special
+    values (zeros, huge, tiny, infinities) mixed in."""
+    g = torch.Generator().manual_seed(seed)
+    t = (torch.randn(shape, generator=g) * 3).to(torch.bfloat16).float()
+    p = t + 0.05 * torch.randn(shape, generator=g)
+    p8 = t + 0.3 * torch.randn(shape, generator=g)
+    flat = t.view(-1)
+    flat[:7] = torch.tensor([0.0, -0.0, 1e30, -1e-30, float("inf"), 3e38, -2.5])
+    return t, p, p8
+
+
+def _limbs_to_ints(limbs: np.ndarray) -> list[list[int]]:
+    out = []
+    for stat in limbs.reshape(3, -1, 3).tolist():
+        row = []
+        for low, mid, high in stat:
+            v = low | mid << 64 | high << 128
+            row.append(v - (1 << 192) if v >> 191 else v)
+        out.append(row)
+    return out
+
+
+def _exact(t, p, p8, q, scale, heads, dim):
+    """S1 in plain Python: each term as numpy float64 ops in S1's order, trunc(term * 2^64)
+    (exact: a power-of-two scaling; clamped to 2^160), summed as Python integers."""
+    td, pd, p8d, qd = (a.double().numpy() for a in (t, p, p8, q))
+    with np.errstate(all="ignore"):
+        terms = [td, (td - pd) * (td - pd), (qd - p8d / scale) * (qd - p8d / scale)]
+    sums = []
+    for term in terms:
+        channels = np.moveaxis(term, 1, 2).reshape(-1, heads * dim)  # rows (batch, token)
+        row = []
+        for c in range(heads * dim):
+            total = 0
+            for v in channels[:, c].tolist():
+                if np.isfinite(v):
+                    units = int(v * 2.0**64) if abs(v) < 2.0**96 else (1 << 160) * (1 if v > 0 else -1)
+                    total += units
+            row.append(total)
+        sums.append(row)
+    return sums
+
+
+def test_rust_sums_are_the_exact_integer_sums():
+    shape = (2, 3, 40, 8)
+    t, p, p8 = _cache(shape, 1)
+    scale = 0.0123
+    from speckv.hf.calibration import fp8_quantize
+
+    q = fp8_quantize(t, scale).float()
+    flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
+    limbs = _speckv.channel_sums(*flat, scale, 3, 40, 8)
+    assert _limbs_to_ints(limbs) == _exact(t, p, p8, q, scale, 3, 8)
+
+
+@pytest.mark.parametrize("rows_per_item", [1, 7, 64, 10_000])
+def test_the_kernels_host_build_sums_the_same_integers_in_any_grouping(host_gpu, monkeypatch, rows_per_item):
+    """``speckv.cuda.channel_sums`` driven through the host build: the Rust path's limbs bit
+    for bit, however the rows are grouped per thread (integers associate)."""
+    monkeypatch.setattr(speckv.cuda, "STATS_ROWS", rows_per_item)
+    shape = (3, 2, 50, 16)
+    t, p, p8 = _cache(shape, 2)
+    from speckv.hf.calibration import fp8_quantize
+
+    scale = 0.7
+    q = fp8_quantize(t, scale).float()
+    got = speckv.cuda.channel_sums(t, p, p8, q, scale)
+    flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
+    want = _speckv.channel_sums(*flat, scale, 2, 50, 16).reshape(3, 32, 3)
+    assert np.array_equal(got, want)
+    assert [name for name, _, _ in host_gpu.launches] == ["speckv_channel_sums"]
+
+
+def test_channel_sums_refuse_mismatched_arrays():
+    a = np.zeros(12, np.float32)
+    with pytest.raises(speckv.SpeckvError, match="channel_sums"):
+        _speckv.channel_sums(a, a, a, np.zeros(11, np.float32), 1.0, 1, 3, 4)
+    with pytest.raises(speckv.SpeckvError, match="channel_sums"):
+        _speckv.channel_sums(a, a, a, a, 1.0, 1, 5, 4)
+
+
+def test_calibration_statistics_agree_with_float64_sums():
+    """The exact sums round once: sigmas and means within rounding of float64 torch sums
+    (what calibration computed before), on a real calibration."""
+    pytest.importorskip("transformers")
+    from test_hf import ids, tiny_model
+
+    from speckv.hf import Fp8Predictor
+    from speckv.hf.cache import prefill
+    from speckv.hf.calibration import calibrate, fp8_quantize
+
+    model = tiny_model("llama")
+    predictor = Fp8Predictor(model)
+    samples = [ids(64, s) for s in range(3)]
+    cal = calibrate(model, predictor, samples, fingerprint="x", joint=False)
+    sq = torch.zeros_like(cal.sigma, dtype=torch.float64)
+    sq8, total, count = torch.zeros_like(sq), torch.zeros_like(sq), 0
+    for ids_ in samples:
+        true, pred = prefill(model, ids_), predictor.predict(ids_)
+        count += ids_.numel()
+        for layer, (pair, ppair) in enumerate(zip(true, pred)):
+            for kv, (t, p) in enumerate(zip(pair, ppair)):
+                s = float(cal.fp8_scales[layer, kv])
+                e = t.double() - p.double()
+                e8 = fp8_quantize(t, s).double() - p.double() / s
+                sq[layer, kv] += (e * e).sum(dim=(0, 2))
+                sq8[layer, kv] += (e8 * e8).sum(dim=(0, 2))
+                total[layer, kv] += t.double().sum(dim=(0, 2))
+    for got, want in ((cal.sigma, (sq / count).sqrt()), (cal.sigma_fp8, (sq8 / count).sqrt())):
+        assert torch.allclose(got.double(), want, rtol=1e-6, atol=0)
+    assert torch.allclose(cal.means.double(), total / count, rtol=1e-6, atol=1e-9)
+
+
+# -- on a GPU (skipped without one) -------------------------------------------------------------
+
+gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
+
+
+@gpu
+def test_gpu_channel_sums_match_the_rust_path():
+    from speckv.hf.calibration import fp8_quantize
+
+    shape = (2, 4, 3000, 64)
+    t, p, p8 = _cache(shape, 5)
+    scale = 0.02
+    q = fp8_quantize(t, scale).float()
+    got = speckv.cuda.channel_sums(*(a.cuda() for a in (t, p, p8, q)), scale)
+    flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
+    assert np.array_equal(got, _speckv.channel_sums(*flat, scale, 4, 3000, 64).reshape(3, 256, 3))
+
+
+@gpu
+def test_a_calibration_on_the_gpu_has_the_hosts_statistics():
+    """Model, cache and fp8 predictor on the GPU: the per-channel sigmas, means and fp8
+    scales are the host calibration's bit for bit (exact sums); the joint model's
+    coefficients come from float64 products summed on the GPU and agree to rounding."""
+    pytest.importorskip("transformers")
+    from test_hf import ids, tiny_model
+
+    from speckv.hf import Fp8Predictor
+    from speckv.hf.calibration import calibrate
+
+    samples = [ids(64, s) for s in range(3)]
+    model = tiny_model("llama")
+    on_host = calibrate(model, Fp8Predictor(model), samples, fingerprint="x")
+    model = model.cuda()
+    on_gpu = calibrate(model, Fp8Predictor(model, device="cuda"), [s.cuda() for s in samples], fingerprint="x")
+    for name in ("sigma", "sigma_fp8", "means", "fp8_scales"):
+        assert torch.equal(getattr(on_gpu, name), getattr(on_host, name)), name
+    for mode in on_host.joint:
+        for key, value in on_host.joint[mode].items():
+            assert torch.allclose(on_gpu.joint[mode][key].float(), value.float(), rtol=1e-4, atol=1e-5), key
