@@ -73,7 +73,7 @@ impl SigmaTable {
     /// `(sigma, 1 / sigma)` of a code; codes outside the ladder clamp to its ends.
     #[inline(always)]
     pub fn get(&self, code: i16) -> (f64, f64) {
-        self.entries[(code as i32).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as usize - SIGMA_CODE_MIN as usize]
+        self.entries[((code as i32).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) - SIGMA_CODE_MIN) as usize]
     }
 }
 

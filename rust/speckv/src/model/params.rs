@@ -80,6 +80,15 @@ impl ModelParams {
         if self.weight_escape < 16 {
             return bad("escape weight below 2^-12".into());
         }
+        // the exact model's CDF spans what the escape and the window's one unit per pattern
+        // leave of the total (`mixture::MixtureCdf::build`): there must be something left
+        let total = 1u64 << self.table_precision;
+        if total <= ((self.weight_escape as u64 * total) >> 16) + crate::model::mixture::MAX_WINDOW as u64 {
+            return bad(format!(
+                "table precision {} leaves no room for the mixture beside the escape and the window",
+                self.table_precision
+            ));
+        }
         if !(1..=16).contains(&self.wide_factor) {
             return bad("wide factor outside 1..=16".into());
         }
