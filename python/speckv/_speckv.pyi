@@ -87,3 +87,25 @@ def container_write(
 def container_info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...
 def residuals(x: _Words, dtype_name: str, mu: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
 def cuda_sources() -> list[tuple[str, str]]: ...
+def exact_tables(dtype_name: str) -> dict[str, Any]: ...
+def assemble_predicted(
+    dtype_name: str,
+    shape: list[int],
+    chunk_scalars: int,
+    payload: npt.NDArray[np.uint8],
+    lengths: npt.NDArray[np.uint32],
+    fingerprints: npt.NDArray[np.uint64],
+    torch_hint: bool = False,
+    joint: _Joint | None = None,
+    token_scale: tuple[int, int] | None = None,
+) -> bytes: ...
+def channel_sums(
+    t: npt.NDArray[np.float32],
+    p: npt.NDArray[np.float32],
+    p8: npt.NDArray[np.float32],
+    q: npt.NDArray[np.float32],
+    scale: float,
+    heads: int,
+    tokens: int,
+    dim: int,
+) -> npt.NDArray[np.uint64]: ...
