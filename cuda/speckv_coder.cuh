@@ -58,16 +58,6 @@ struct ExactTables {
     uint32_t adapt_shift;
 };
 
-SPECKV_HD uint64_t f64_bits(double d) {
-#if defined(__CUDA_ARCH__)
-    return (uint64_t)__double_as_longlong(d);
-#else
-    uint64_t b;
-    memcpy(&b, &d, 8);
-    return b;
-#endif
-}
-
 // dtype.rs: ordinal_of, a signed integer that sorts like the values
 SPECKV_HD int64_t ordinal_of(uint32_t bits, uint32_t width) {
     const int64_t b = (int64_t)bits;

@@ -80,6 +80,16 @@ SPECKV_HD uint32_t f32_bits(float f) {
 #endif
 }
 
+SPECKV_HD uint64_t f64_bits(double d) {
+#if defined(__CUDA_ARCH__)
+    return (uint64_t)__double_as_longlong(d);
+#else
+    uint64_t b;
+    memcpy(&b, &d, 8);
+    return b;
+#endif
+}
+
 SPECKV_HD float f32_from_bits(uint32_t b) {
 #if defined(__CUDA_ARCH__)
     return __uint_as_float(b);

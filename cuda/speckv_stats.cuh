@@ -14,20 +14,10 @@ namespace stats {
 constexpr int FRACTION_BITS = 64;  // stats.rs: FIXED_FRACTION_BITS
 constexpr int CLAMP_LOG2 = 160;    // stats.rs: FIXED_CLAMP_LOG2
 
-SPECKV_HD uint64_t double_bits(double d) {
-#if defined(__CUDA_ARCH__)
-    return (uint64_t)__double_as_longlong(d);
-#else
-    uint64_t b;
-    memcpy(&b, &d, 8);
-    return b;
-#endif
-}
-
 // stats.rs: fixed, trunc(v * 2^64) as 192-bit two's complement; 0 for non-finite v
 SPECKV_HD void fixed(double v, uint64_t out[3]) {
     out[0] = out[1] = out[2] = 0;
-    const uint64_t bits = double_bits(v);
+    const uint64_t bits = f64_bits(v);
     const int biased = (int)((bits >> 52) & 0x7FF);
     if (biased == 0x7FF) return;
     const uint64_t mantissa = (bits & ((1ull << 52) - 1)) | (biased != 0 ? 1ull << 52 : 0);
