@@ -264,7 +264,7 @@ class SpeculativeCodec:
         """The prediction in the stored dtype's units, float32; with the joint model, times its
         per-channel gain (one correctly rounded float32 product per scalar: the same on every
         machine), on the host. On a GPU (``_on_gpu``) the CUDA module computes the same bits and
-        only the result crosses."""
+        only the result crosses (``on_device``: it stays on the GPU, for the GPU coder)."""
         cal = self._calibration()
         fp8_scale = float(cal.fp8_scales[layer, kv]) if mode == "fp8" else None
         gain = None
@@ -323,7 +323,7 @@ class SpeculativeCodec:
     ):
         """(stored tensor or None, mu, sigma codes) of one layer's K or V in `mode`: exactly
         what encoder and decoder code with, on any machine. ``on_device``: all three stay on
-        the GPU the cache and prediction are on (for the GPU coder; not with the joint model)."""
+        the GPU the cache and prediction are on (for the GPU coder)."""
         x = self._stored(mode, layer, kv, true, on_device) if true is not None else None
         mu = self._mu(mode, layer, kv, pred, joint, on_device)
         return x, mu, self._sigma_codes(mode, layer, kv, mu, joint, on_device)
