@@ -319,3 +319,64 @@ def test_the_gpu_benchmark_runs_on_the_host_build(host_gpu):
     assert [r["mode"] for r in rows] == ["bf16"] * 3 + ["fp8"] * 3 + ["bf16 joint"] * 2
     assert all(r["same_bytes"] for r in rows), rows
     assert all(0 < r["host_bytes"] < 2 for r in rows)
+
+
+# -- properties and refusals --------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    name=st.sampled_from(sorted(DTYPES)),
+    n=st.integers(0, 600),
+    chunk=st.integers(1, 700),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_any_tensor_codes_to_the_rust_encoders_bytes(host_gpu, name, n, chunk, seed):
+    """Every bit pattern, prediction (NaN, infinities, subnormals, huge values) and sigma code
+    (inside and outside the ladder), every length and chunk size: the host build of the GPU
+    coder writes the stream the Rust encoder writes."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    dtype = DTYPES[name]
+    width = np.dtype(dtype).itemsize * 8
+    words = rng.integers(0, 2**width, n).astype(np.uint8 if width == 8 else np.uint16)
+    x = words.view(dtype)
+    mu = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32).copy()
+    near = rng.random(n) < 0.7
+    with np.errstate(all="ignore"):
+        mu[near] = x[near].astype(np.float32) * np.float32(1 + rng.standard_normal(int(near.sum())) * 0.01)
+    codes = rng.integers(-1100, 1100, n).astype(np.int16)
+    got = speckv.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
+    assert got == _want(x, mu, codes, chunk)
+
+
+def test_assemble_refuses_what_does_not_fit():
+    """The host's half of the GPU path checks the layout it is handed (typed errors)."""
+    ok = dict(payload=np.zeros(10, np.uint8), lengths=np.array([4, 6], np.uint32), fingerprints=np.zeros(2, np.uint64))
+    assert _speckv.assemble_predicted("bfloat16", [10], 5, **ok)[:4] == b"SPKV"
+    bad = [
+        ("float32", [10], 5, ok, "exact model"),
+        ("bfloat16", [10], 4, ok, "chunks"),
+        ("bfloat16", [10], 5, {**ok, "lengths": np.array([4, 5], np.uint32)}, "sum"),
+        ("bfloat16", [10], 5, {**ok, "fingerprints": np.zeros(3, np.uint64)}, "fingerprints"),
+        ("bfloat16", [10], 0, ok, "chunk size"),
+    ]
+    for dtype, shape, chunk, args, match in bad:
+        with pytest.raises(speckv.SpeckvError, match=match):
+            _speckv.assemble_predicted(dtype, shape, chunk, **args)
+    joint = (2, 5, 0, np.zeros(0, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32))
+    with pytest.raises(speckv.SpeckvError, match="joint"):  # 10 scalars: one layer of 2 x 5, but 2 chunks
+        _speckv.assemble_predicted("bfloat16", [10], 5, **ok, joint=joint)
+    with pytest.raises(speckv.SpeckvError, match="joint"):  # coefficients of the wrong size
+        _speckv.assemble_predicted(
+            "bfloat16",
+            [10],
+            10,
+            np.zeros(10, np.uint8),
+            np.array([10], np.uint32),
+            np.zeros(1, np.uint64),
+            joint=(2, 5, 0, joint[3], np.zeros(3, np.float32), joint[5]),
+        )
