@@ -158,43 +158,25 @@ def demo_traffic(text: str) -> dict:
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scalars", type=int, default=1 << 26)
-    parser.add_argument("--layers", type=int, default=30, help="layers of the coder's synthetic cache")
-    parser.add_argument("--tokens", type=int, default=512, help="tokens of the coder's synthetic cache")
-    parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--traffic", nargs="?", const="legal", help="count host-bound bytes on the demo model (no GPU)")
-    args = parser.parse_args()
-    if args.traffic:
-        report = demo_traffic(args.traffic)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=2)
-        return
-
+def _kernels(n: int, device: str = "cuda") -> tuple[float, list[dict]]:
+    """The device's copy bandwidth (read + write, GB/s) and each elementwise kernel's
+    throughput on ``n`` scalars, as GB/s and as a fraction of the copy."""
     import torch
 
     import speckv.cuda
+    from speckv.hf.calibration import fp8_quantize
 
-    if not speckv.cuda.available():
-        sys.exit("bench_cuda: no CUDA device (or no cuda-bindings): nothing to measure")
-    n = args.scalars
-    t0 = time.perf_counter()
-    speckv.cuda.coding_mu(torch.zeros(64, device="cuda"))  # compiles (or loads the cached cubin)
-    first_use = time.perf_counter() - t0
-    g = torch.Generator(device="cuda").manual_seed(0)
-    pred = torch.randn(n // 64, 64, device="cuda", generator=g, dtype=torch.float32)
-    true = (pred + 0.01 * torch.randn(pred.shape, device="cuda", generator=g)).to(torch.bfloat16)
-    gain = torch.ones(64, device="cuda")
-    sigma = torch.rand(n, device="cuda", generator=g) + 0.01
-
-    copy_s = _time(lambda: pred.clone())
+    g = torch.Generator(device=device).manual_seed(0)
+    pred = torch.randn(n // 64, 64, device=device, generator=g, dtype=torch.float32)
+    true = (pred + 0.01 * torch.randn(pred.shape, device=device, generator=g)).to(torch.bfloat16)
+    gain = torch.ones(64, device=device)
+    sigma = torch.rand(n, device=device, generator=g) + 0.01
+    copy_s = _time(lambda: pred.clone(), device=device)
     copy_gbs = 2 * 4 * n / copy_s / 1e9  # read + write
     rows = []
 
     def add(name: str, fn, bytes_moved: int) -> None:
-        s = _time(fn)
+        s = _time(fn, device=device)
         gbs = bytes_moved / s / 1e9
         rows.append({"kernel": name, "seconds": s, "gb_per_s": gbs, "of_copy": gbs / copy_gbs})
 
@@ -202,8 +184,25 @@ def main() -> None:
     add("fp8_quantize (f32 -> e4m3)", lambda: speckv.cuda.fp8_quantize(true32, 0.0123), 5 * n)
     add("coding_mu (fp8: / scale * gain)", lambda: speckv.cuda.coding_mu(pred, 0.0123, gain), 8 * n)
     add("sigma_codes (f32 -> i16)", lambda: speckv.cuda.sigma_codes(sigma), 6 * n)
+    # calibration statistics: a [1, 4, tokens, 64] cache with its predictions, exact sums
+    cache = true32.reshape(1, 4, -1, 64)
+    p8, q = pred.reshape(cache.shape), fp8_quantize(cache.cpu(), 0.0123).float().to(device)
+    stats = (cache, pred.reshape(cache.shape), p8, q, 0.0123)
+    add("channel_sums (4 x f32 -> exact sums)", lambda: speckv.cuda.channel_sums(*stats), 16 * n)
+    return copy_gbs, rows
 
-    coder = _coder(args.layers, args.tokens)
+
+def run(n: int, layers: int, tokens: int, device: str = "cuda") -> dict:
+    """Every figure of the GPU benchmark (see the module's notes), printed and returned."""
+    import torch
+
+    import speckv.cuda
+
+    t0 = time.perf_counter()
+    speckv.cuda.coding_mu(torch.zeros(64, device=device))  # compiles (or loads the cached cubins)
+    first_use = time.perf_counter() - t0
+    copy_gbs, rows = _kernels(n, device)
+    coder = _coder(layers, tokens, device)
     # bytes per cache scalar that cross to the host in a compress call
     traffic = {
         "bf16 mode, copying target (bf16) and prediction (bf16)": 2 + 2,
@@ -214,7 +213,7 @@ def main() -> None:
     for row in coder:
         traffic[f"{row['mode']} mode, the GPU coder's chunks ({row['chunk']} scalars a chunk)"] = row["host_bytes"]
     report = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else device,
         "scalars": n,
         "first_use_s": first_use,
         "copy_gb_per_s": copy_gbs,
@@ -224,8 +223,8 @@ def main() -> None:
     }
     print(f"{report['device']}: device copy {copy_gbs:.0f} GB/s (read + write); first use {first_use:.2f} s")
     for r in rows:
-        print(f"  {r['kernel']:34s} {r['gb_per_s']:8.0f} GB/s  {r['of_copy']:6.1%} of the copy")
-    print(f"GPU coder vs the Rust encoder ({os.cpu_count()} threads), {args.layers} layers x {args.tokens} tokens:")
+        print(f"  {r['kernel']:38s} {r['gb_per_s']:8.0f} GB/s  {r['of_copy']:6.1%} of the copy")
+    print(f"GPU coder vs the Rust encoder ({os.cpu_count()} threads), {layers} layers x {tokens} tokens:")
     for r in coder:
         gpu = f"GPU {r['gpu_s'] * 1e3:7.1f} ms ({r['gpu_msym_s']:6.0f} Msym/s)"
         host = f"host {r['host_s'] * 1e3:7.1f} ms: x{r['host_s'] / r['gpu_s']:.1f}"
@@ -234,6 +233,25 @@ def main() -> None:
     print("bytes per cache scalar sent to the host (and the cut against copying target and prediction):")
     for what, b in traffic.items():
         print(f"  {what:72s} {b:6.3f}  x{4 / b:.1f}")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scalars", type=int, default=1 << 26)
+    parser.add_argument("--layers", type=int, default=30, help="layers of the coder's synthetic cache")
+    parser.add_argument("--tokens", type=int, default=512, help="tokens of the coder's synthetic cache")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--traffic", nargs="?", const="legal", help="count host-bound bytes on the demo model (no GPU)")
+    args = parser.parse_args()
+    if args.traffic:
+        report = demo_traffic(args.traffic)
+    else:
+        import speckv.cuda
+
+        if not speckv.cuda.available():
+            sys.exit("bench_cuda: no CUDA device (or no cuda-bindings): nothing to measure")
+        report = run(args.scalars, args.layers, args.tokens)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -304,9 +304,9 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
 
 
 def test_the_gpu_benchmark_runs_on_the_host_build(host_gpu):
-    """``benches/bench_cuda.py``'s coder section, on a small cache through the kernels' host
-    build: a GPU run (scarce) must not be the first to execute it. Every row codes the host
-    encoder's bytes."""
+    """``benches/bench_cuda.py`` whole (kernel table, coder rows, bytes to the host), small,
+    through the kernels' host build: a GPU run (scarce) must not be the first to execute it.
+    Every coder row codes the host encoder's bytes."""
     pytest.importorskip("torch")
     import importlib.util
     from pathlib import Path
@@ -315,10 +315,18 @@ def test_the_gpu_benchmark_runs_on_the_host_build(host_gpu):
     spec = importlib.util.spec_from_file_location("bench_cuda", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rows = bench._coder(2, 16, device="cpu")
+    report = bench.run(64 * 256, 2, 16, device="cpu")
+    rows = report["coder"]
     assert [r["mode"] for r in rows] == ["bf16"] * 3 + ["fp8"] * 3 + ["bf16 joint"] * 2
     assert all(r["same_bytes"] for r in rows), rows
     assert all(0 < r["host_bytes"] < 2 for r in rows)
+    assert [r["kernel"].split()[0] for r in report["kernels"]] == [
+        "fp8_quantize",
+        "coding_mu",
+        "sigma_codes",
+        "channel_sums",
+    ]
+    assert all(r["gb_per_s"] > 0 for r in report["kernels"])
 
 
 # -- properties and refusals --------------------------------------------------------------------
