@@ -1,13 +1,14 @@
 // The range coder of predicted streams, for the GPU: a cache's chunks coded where the cache
 // lives, so that only coded bytes cross to the host (~0.8 byte per bf16 scalar instead of the
 // 4 bytes of the target and its prediction). Byte for byte what the Rust encoder writes for
-// the exact model (8- and 16-bit formats, the per-scalar model; the joint model stays on the
-// host), so a stream coded here decodes anywhere and equals the CPU path's stream.
+// the exact model (8- and 16-bit formats; with the joint model, speckv_joint.cuh computes each
+// scalar's parameters first), so a stream coded here decodes anywhere and equals the CPU
+// path's stream.
 //
 // One source for nvcc, NVRTC and the host compiler (see speckv_params.cuh; the CPU tests run
 // this very code through host_shim.cpp and compare the bytes with the Rust encoder's). Three
 // steps, each a kernel in speckv_coder.cu:
-//   1. symbol(): per scalar, the interval the exact model gives it (float64 work, every
+//   1. exact_symbol(): per scalar, the interval the exact model gives it (float64 work, every
 //      operation correctly rounded, as the Rust core does it) or an escape. Independent per
 //      scalar: one GPU thread each.
 //   2. code_chunk(): per chunk, the eight lanes' range coders and the chunk's escape model,
