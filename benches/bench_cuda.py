@@ -1,5 +1,6 @@
-"""The CUDA module on a GPU: each parameter kernel's throughput against the device's own copy
-bandwidth, the GPU coder against the Rust encoder on the host, and the bytes a compress call
+"""The CUDA module on a GPU: each elementwise kernel's throughput (parameters, calibration
+statistics) against the device's own copy bandwidth, the GPU coder against the Rust encoder
+on the host, a calibration on the GPU against one on the host, and the bytes a compress call
 sends to the host: copying target and prediction, the parameter kernels' arrays, the GPU
 coder's chunks.
 
@@ -14,7 +15,9 @@ path, so the count is exact), against copying target and prediction.
 
 Needs a CUDA device (exits with the reason otherwise). The coder runs on a synthetic cache of
 the demo model's shape (layers x 3 heads x tokens x 64 channels, K or V) whose residuals are
-Gaussian with per-channel sigmas, and checks that its bytes are the host encoder's.
+Gaussian with per-channel sigmas, and checks that its bytes are the host encoder's. The
+calibration runs on a randomly initialised model of the demo model's shape (nothing to
+download), fp8 predictor, 8 prompts.
 """
 
 from __future__ import annotations
@@ -192,7 +195,43 @@ def _kernels(n: int, device: str = "cuda") -> tuple[float, list[dict]]:
     return copy_gbs, rows
 
 
-def run(n: int, layers: int, tokens: int, device: str = "cuda") -> dict:
+def _calibration(layers: int, tokens: int, samples: int, device: str) -> float:
+    """Seconds to calibrate a randomly initialised model of the demo model's shape
+    (SmolLM2-135M: hidden 576, 9 heads, 3 KV heads of 64; ``layers`` layers) with the fp8
+    predictor on ``samples`` prompts of ``tokens`` random tokens, model and predictor on
+    ``device`` (statistics summed there: ``speckv.cuda.channel_sums``)."""
+    import torch
+    import transformers
+
+    from speckv.hf import Fp8Predictor
+    from speckv.hf.calibration import calibrate
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=max(2048, tokens),
+    )
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval().to(device)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 49152, (1, tokens), generator=g).to(device) for _ in range(samples)]
+    predictor = Fp8Predictor(model, device=device) if device == "cuda" else Fp8Predictor(model)
+    calibrate(model, predictor, prompts[:1], fingerprint="bench")  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    calibrate(model, predictor, prompts, fingerprint="bench")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run(n: int, layers: int, tokens: int, device: str = "cuda", samples: int = 8) -> dict:
     """Every figure of the GPU benchmark (see the module's notes), printed and returned."""
     import torch
 
@@ -203,6 +242,14 @@ def run(n: int, layers: int, tokens: int, device: str = "cuda") -> dict:
     first_use = time.perf_counter() - t0
     copy_gbs, rows = _kernels(n, device)
     coder = _coder(layers, tokens, device)
+    calibration = {
+        "layers": layers,
+        "tokens": tokens,
+        "samples": samples,
+        "host_s": _calibration(layers, tokens, samples, "cpu"),
+    }
+    if device == "cuda":
+        calibration["gpu_s"] = _calibration(layers, tokens, samples, "cuda")
     # bytes per cache scalar that cross to the host in a compress call
     traffic = {
         "bf16 mode, copying target (bf16) and prediction (bf16)": 2 + 2,
@@ -219,6 +266,7 @@ def run(n: int, layers: int, tokens: int, device: str = "cuda") -> dict:
         "copy_gb_per_s": copy_gbs,
         "kernels": rows,
         "coder": coder,
+        "calibration": calibration,
         "host_bytes_per_scalar": traffic,
     }
     print(f"{report['device']}: device copy {copy_gbs:.0f} GB/s (read + write); first use {first_use:.2f} s")
@@ -230,6 +278,14 @@ def run(n: int, layers: int, tokens: int, device: str = "cuda") -> dict:
         host = f"host {r['host_s'] * 1e3:7.1f} ms: x{r['host_s'] / r['gpu_s']:.1f}"
         size = f"{r['bits_per_scalar']:.3f} b/s, same bytes: {r['same_bytes']}"
         print(f"  {r['mode']:10s} chunks of {r['chunk']:6d}: {gpu}, {host}; {size}")
+    where = f"{samples} prompts x {tokens} tokens, {layers} layers of the demo model's shape, fp8 predictor"
+    host = f"host {calibration['host_s']:.2f} s ({os.cpu_count()} threads)"
+    gpu = (
+        f", GPU {calibration['gpu_s']:.2f} s: x{calibration['host_s'] / calibration['gpu_s']:.1f}"
+        if "gpu_s" in calibration
+        else ""
+    )
+    print(f"calibration ({where}): {host}{gpu}")
     print("bytes per cache scalar sent to the host (and the cut against copying target and prediction):")
     for what, b in traffic.items():
         print(f"  {what:72s} {b:6.3f}  x{4 / b:.1f}")
