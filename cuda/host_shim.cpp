@@ -1,7 +1,7 @@
 // The CPU build of speckv_params.cuh and speckv_coder.cuh, for the tests: the very code the
 // kernels run, looped over arrays behind a C ABI that ctypes can call. Build
 // (tests/test_cuda_source.py does it):
-//   c++ -O2 -std=c++17 -ffp-contract=off -shared -fPIC cuda/host_shim.cpp -o libspeckv_params.so
+//   c++ -O2 -std=c++17 -ffp-contract=off -shared -fPIC -pthread cuda/host_shim.cpp -o libspeckv_params.so
 // -ffp-contract=off keeps the compiler from fusing a*b+c (the Rust core never does).
 #include "speckv_coder.cuh"
 #include "speckv_joint.cuh"
@@ -9,6 +9,9 @@
 #include "speckv_stats.cuh"
 
 #include <stddef.h>
+
+#include <thread>
+#include <vector>
 
 
 extern "C" {
@@ -96,6 +99,21 @@ void host_speckv_channel_sums(const float* t, const float* p, const float* p8, c
                               unsigned long long items) {
     for (unsigned long long i = 0; i < items; ++i)
         speckv::channel_sums_item(t, p, p8, q, scale, batch, heads, tokens, dim, rows_per_item, sums, i);
+}
+
+// The same kernel's items spread over `threads` host threads as a grid spreads them (item i on
+// thread i % threads), all adding to one set of sums: exercises the atomic carries.
+void host_speckv_channel_sums_threaded(const float* t, const float* p, const float* p8, const float* q, double scale,
+                                       unsigned long long batch, unsigned long long heads, unsigned long long tokens,
+                                       unsigned long long dim, unsigned long long rows_per_item, uint64_t* sums,
+                                       unsigned long long items, int threads) {
+    std::vector<std::thread> pool;
+    for (int w = 0; w < threads; ++w)
+        pool.emplace_back([=] {
+            for (unsigned long long i = (unsigned long long)w; i < items; i += (unsigned long long)threads)
+                speckv::channel_sums_item(t, p, p8, q, scale, batch, heads, tokens, dim, rows_per_item, sums, i);
+        });
+    for (auto& worker : pool) worker.join();
 }
 
 }  // extern "C"

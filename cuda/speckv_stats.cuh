@@ -54,21 +54,27 @@ SPECKV_HD void add(uint64_t acc[3], const uint64_t x[3]) {
     }
 }
 
+// The value at *p before adding v, atomically: the device's atomicAdd, or the compiler's
+// atomic builtin on the host (the CPU tests run items on many threads with it).
+SPECKV_HD uint64_t fetch_add(uint64_t* p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+    return (uint64_t)atomicAdd((unsigned long long*)p, (unsigned long long)v);
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
 // *dst += x (mod 2^192) with other threads adding to the same sum: each limb's atomic add
 // returns the value it added to, so the thread that wraps a limb carries into the next; all
 // carries are counted once, and the final sum is exact whatever the interleaving.
 SPECKV_HD void atomic_add(uint64_t* dst, const uint64_t x[3]) {
-#if defined(__CUDA_ARCH__)
-    unsigned long long carry = 0;
+    uint64_t carry = 0;
     for (int i = 0; i < 3; ++i) {
-        const unsigned long long v = x[i] + carry;
-        const unsigned long long wrapped = v < carry ? 1 : 0;  // x[i] = 2^64 - 1 and a carry
-        const unsigned long long old = atomicAdd((unsigned long long*)&dst[i], v);
-        carry = wrapped + ((unsigned long long)(old + v) < old ? 1 : 0);
+        const uint64_t v = x[i] + carry;
+        const uint64_t wrapped = v < carry ? 1 : 0;  // x[i] = 2^64 - 1 and a carry
+        const uint64_t old = fetch_add(&dst[i], v);
+        carry = wrapped + (old + v < old ? 1 : 0);
     }
-#else
-    add(dst, x);  // the host build runs its items one after another
-#endif
 }
 
 // stats.rs: terms, in this order of float64 operations

@@ -27,7 +27,7 @@ def cuda_host(tmp_path_factory):
         pytest.skip("no C++ compiler to build cuda/host_shim.cpp for the host")
     root = Path(__file__).resolve().parent.parent
     out = tmp_path_factory.mktemp("cuda") / "libspeckv_params.so"
-    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC"]
+    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread"]
     subprocess.run([*cmd, str(root / "cuda" / "host_shim.cpp"), "-o", str(out)], check=True)
     lib = ctypes.CDLL(str(out))
     size, pointer = ctypes.c_size_t, ctypes.c_void_p

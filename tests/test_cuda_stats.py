@@ -171,3 +171,34 @@ def test_a_calibration_on_the_gpu_sums_what_the_host_sums():
         values = getattr(cal, name)
         assert values.device.type == "cpu" and bool(torch.isfinite(values).all()) and bool((values > 0).all())
     assert cal.joint and all(value.device.type == "cpu" for m in cal.joint.values() for value in m.values())
+
+
+@pytest.mark.parametrize("threads", [2, 8])
+def test_the_atomic_carries_are_exact_under_contention(cuda_host, threads):
+    """The kernel's item code on many host threads adding into the same sums one row at a
+    time (the device's schedule, with the host's atomics): terms near the clamp, of both
+    signs, carry and borrow across all three limbs, and the sums equal the sequential Rust
+    path's."""
+    import ctypes
+
+    rng = np.random.default_rng(threads)
+    heads, tokens, dim, batch = 2, 300, 4, 2
+    n = batch * heads * tokens * dim
+    # values up to 2^79: squares near the 2^160 clamp, values themselves ~2^143 units
+    t = (rng.choice([-1, 1], n) * np.exp2(rng.uniform(0, 79, n))).astype(np.float32)
+    p = (t * rng.uniform(-1, 1, n)).astype(np.float32)
+    p8 = (t * rng.uniform(-1, 1, n)).astype(np.float32)
+    q = rng.uniform(-448, 448, n).astype(np.float32)
+    scale = 1e-20
+    want = _speckv.channel_sums(t, p, p8, q, scale, heads, tokens, dim)
+    sums = np.zeros(3 * heads * dim * 3, np.uint64)
+    kernel = cuda_host.host_speckv_channel_sums_threaded
+    size, pointer = ctypes.c_ulonglong, ctypes.c_void_p
+    kernel.argtypes = [pointer] * 4 + [ctypes.c_double] + [size] * 5 + [pointer, size, ctypes.c_int]
+    items = heads * dim * batch * tokens  # one row an item: every item adds to shared sums
+    args = [a.ctypes.data for a in (t, p, p8, q)]
+    kernel(*args, scale, batch, heads, tokens, dim, 1, sums.ctypes.data, items, threads)
+    assert np.array_equal(sums, want)
+    limbs = want.reshape(-1, 3)
+    high = limbs[:, 2]
+    assert ((high != 0) & (high < np.uint64(2**63))).any() and (high >= np.uint64(2**63)).any(), "both signs"
