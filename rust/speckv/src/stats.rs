@@ -76,6 +76,40 @@ pub fn add(acc: &mut Fixed, x: &Fixed) {
     }
 }
 
+/// `fixed(v)` as an `i128` when its magnitude is below `2^SMALL_LOG2` units (the common
+/// case: values and squared residuals below `2^36`), else `None`. The same integer: only the
+/// width differs, so sums of these are `fixed` sums.
+#[inline(always)]
+fn small_fixed(v: f64) -> Option<i128> {
+    let bits = v.to_bits();
+    let biased = ((bits >> 52) & 0x7FF) as i32;
+    if biased == 0x7FF {
+        return Some(0);
+    }
+    let mantissa = ((bits & ((1u64 << 52) - 1)) | if biased != 0 { 1u64 << 52 } else { 0 }) as i128;
+    let shift = biased.max(1) - 1075 + FIXED_FRACTION_BITS;
+    let magnitude = if shift >= 0 {
+        if shift + 53 > SMALL_LOG2 {
+            return None;
+        }
+        mantissa << shift
+    } else if shift > -64 {
+        mantissa >> -shift
+    } else {
+        0
+    };
+    Some(if bits >> 63 == 1 { -magnitude } else { magnitude })
+}
+
+/// Largest magnitude (log2, in units) `small_fixed` takes; `2^(126 - SMALL_LOG2)` of them add
+/// up in an `i128` without overflow, so partial sums are flushed that often.
+const SMALL_LOG2: i32 = 100;
+const SMALL_TERMS: usize = 1 << 25;
+
+fn fixed_of_i128(v: i128) -> Fixed {
+    [v as u64, (v >> 64) as u64, (v >> 127) as u64]
+}
+
 /// Per-channel sums of one cache tensor `[batch, heads, tokens, dim]` (flat, C order), the
 /// channels being `(head, dim)`: of the values, of `(t - p)^2` and of `(q - p8 / s)^2`,
 /// `[3][heads * dim]` (see the module's notes).
@@ -109,12 +143,34 @@ pub fn channel_sums(
     if channels == 0 || tokens == 0 {
         return out;
     }
-    for (i, (((&t, &p), &p8), &q)) in t.iter().zip(p).zip(p8).zip(q).enumerate() {
-        let channel = (i / (tokens * dim)) % heads * dim + i % dim;
-        for (k, term) in terms(t, p, p8, q, scale).into_iter().enumerate() {
-            add(&mut out[k][channel], &fixed(term));
+    // partial sums of the small terms per statistic and channel, added to `out` every
+    // SMALL_TERMS rows (and at the end); larger terms go to `out` directly
+    let mut small = vec![[0i128; 3]; channels];
+    let flush = |small: &mut Vec<[i128; 3]>, out: &mut ChannelSums| {
+        for (c, partial) in small.iter_mut().enumerate() {
+            for (k, v) in partial.iter_mut().enumerate() {
+                add(&mut out[k][c], &fixed_of_i128(*v));
+                *v = 0;
+            }
+        }
+    };
+    // rows of `dim` scalars: one token of one head, its channels `h * dim ..`
+    let rows = t.chunks_exact(dim).zip(p.chunks_exact(dim)).zip(p8.chunks_exact(dim)).zip(q.chunks_exact(dim));
+    for (row, (((t, p), p8), q)) in rows.enumerate() {
+        if row > 0 && row % SMALL_TERMS == 0 {
+            flush(&mut small, &mut out);
+        }
+        let first = (row / tokens) % heads * dim;
+        for d in 0..dim {
+            for (k, term) in terms(t[d], p[d], p8[d], q[d], scale).into_iter().enumerate() {
+                match small_fixed(term) {
+                    Some(v) => small[first + d][k] += v,
+                    None => add(&mut out[k][first + d], &fixed(term)),
+                }
+            }
         }
     }
+    flush(&mut small, &mut out);
     out
 }
 
@@ -143,6 +199,15 @@ mod tests {
         assert_eq!(neg, [0; 3]);
         let big = fixed(3.0 * 2f64.powi(70));
         assert_eq!(big, [0, 0, 3 << 6], "3 * 2^134 units");
+    }
+
+    #[test]
+    fn small_fixed_is_fixed_where_it_applies() {
+        for v in [0.0, -0.0, 1.0, -1.5, 3e-20, -7e-21, 2f64.powi(35), -(2f64.powi(36) - 1.0), 1e-300, f64::NAN] {
+            assert_eq!(fixed_of_i128(small_fixed(v).unwrap()), fixed(v), "{v}");
+        }
+        assert_eq!(small_fixed(2f64.powi(36)), None);
+        assert_eq!(small_fixed(-1e30), None);
     }
 
     #[test]
