@@ -196,7 +196,6 @@ class _Module:
                     self.kernels[name] = _check(
                         driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})"
                     )
-        self.device = device
         # per dtype: the exact model's tables on this device (see `_device_tables`)
         self.tables: dict[str, tuple[np.ndarray, list[Any]]] = {}
 
@@ -410,8 +409,8 @@ def lane_capacity(scalars: int) -> int:
     return (scalars * 73 + 31) // 32 + 2
 
 
-#: torch dtypes the GPU coder takes, by the core's dtype name
-_CODED = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+#: the dtypes the GPU coder takes (torch's names, which are the core's)
+_CODED = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
 
 def _device_tables(module: _Module, dtype_name: str, device: Any) -> tuple[np.ndarray, Any, Any]:
@@ -426,7 +425,7 @@ def _device_tables(module: _Module, dtype_name: str, device: Any) -> tuple[np.nd
         host = (t["nodes"].view(np.int32), t["edges"], t["sigmas"], t["values"])
         arrays = [torch.from_numpy(a).to(device) for a in host]
         struct = exact_tables(dtype_name, *(a.data_ptr() for a in arrays[:3]))
-        module.tables[dtype_name] = (np.frombuffer(bytes(struct), np.uint8).copy(), arrays)
+        module.tables[dtype_name] = (_as_struct(struct), arrays)
     raw, arrays = module.tables[dtype_name]
     return raw, arrays[2], arrays[3]
 
@@ -492,6 +491,7 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
     coded_mu, coded_codes, own = m, codes, None
     layer_scalars, runs = 0, torch.zeros(1, dtype=torch.int32, device=x.device)
     joint_args = None
+    scale = _token_scale(joint) if joint is not None else None
     if joint is not None:
         # invariant J1/J3 parameters of every scalar, then coded like any other (runs per channel)
         c, t = int(joint.channels), int(joint.tokens)
@@ -508,7 +508,6 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
             outside = torch.as_tensor(joint.outside, dtype=torch.float32, device=x.device).contiguous().reshape(-1)
             if outside.numel() != layers * e * t:
                 raise ValueError(f"joint: {outside.numel()} outside residuals, {layers * e * t} expected")
-        scale = _token_scale(joint)
         prior, clamp = scale if scale is not None else (0, 0)
         coef_d, offset_d, plain_d = (torch.from_numpy(a).to(x.device) for a in (coef, offset, plain.astype(np.uint8)))
         model = JointModel(
@@ -575,7 +574,7 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         fingerprints.cpu().numpy().view(np.uint64),
         torch_hint=True,
         joint=joint_args,
-        token_scale=_token_scale(joint) if joint is not None else None,
+        token_scale=scale,
     )
     return data, (own.reshape(shape) if own is not None else None)
 

@@ -424,20 +424,7 @@ pub fn assemble_predicted(
     let mut flags = FLAG_PREDICTED;
     let mut prints = fingerprints.to_vec();
     if let Some(j) = joint {
-        // the layout and the parameters' sizes (Joint::check without the outside residuals)
-        let per_layer = j.layer_scalars() as u64;
-        let layers = n.checked_div(per_layer).unwrap_or(0) as usize;
-        let width = j.channels + j.outside_channels;
-        if per_layer == 0
-            || !n.is_multiple_of(per_layer)
-            || !(options.chunk_scalars as u64).is_multiple_of(per_layer)
-            || j.coef.len() != layers * j.channels * width
-            || j.offset.len() != layers * j.channels
-        {
-            return invalid(
-                "joint: the stream is not whole layers in whole-layer chunks, or the parameters do not fit it",
-            );
-        }
+        j.check_parameters(n as usize, options.chunk_scalars as usize)?;
         flags |= FLAG_JOINT;
         if let Some(scale) = options.token_scale {
             scale.check()?;

@@ -66,6 +66,20 @@ impl<'a> Joint<'a> {
 
     /// Checks the arrays against a stream of `n` scalars in chunks of `chunk` (whole layers).
     pub fn check(&self, n: usize, chunk: usize) -> Result<()> {
+        let layers = self.check_parameters(n, chunk)?;
+        let want = layers * self.outside_channels * self.tokens;
+        if self.outside.len() != want {
+            return invalid(format!(
+                "joint: {} outside residuals given, {want} expected for {layers} layers",
+                self.outside.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `check` without the outside residuals (what a stream's header and fingerprints need,
+    /// for chunks coded elsewhere: `codec::assemble_predicted`); returns the layers.
+    pub fn check_parameters(&self, n: usize, chunk: usize) -> Result<usize> {
         let per_layer = self.layer_scalars();
         if self.channels == 0 || self.tokens == 0 || !n.is_multiple_of(per_layer) || !chunk.is_multiple_of(per_layer) {
             return invalid(format!(
@@ -75,7 +89,6 @@ impl<'a> Joint<'a> {
         }
         let layers = n / per_layer;
         let sizes = [
-            (self.outside.len(), layers * self.outside_channels * self.tokens, "outside residuals"),
             (self.coef.len(), layers * self.channels * self.width(), "coefficients"),
             (self.offset.len(), layers * self.channels, "offsets"),
         ];
@@ -84,7 +97,7 @@ impl<'a> Joint<'a> {
                 return invalid(format!("joint: {got} {what} given, {want} expected for {layers} layers"));
             }
         }
-        Ok(())
+        Ok(layers)
     }
 
     /// Whether `layer`'s coefficients and offsets are all zero: such a layer is coded against

@@ -30,14 +30,9 @@ pub type Fixed = [u64; 3];
 
 /// `trunc(v * 2^64)` as a [`Fixed`] (S1): exact from the bits of `v`; 0 for non-finite `v`.
 pub fn fixed(v: f64) -> Fixed {
-    let bits = v.to_bits();
-    let biased = ((bits >> 52) & 0x7FF) as i32;
-    if biased == 0x7FF {
+    let Some((negative, mantissa, shift)) = parts(v) else {
         return [0; 3];
-    }
-    let mantissa = (bits & ((1u64 << 52) - 1)) | if biased != 0 { 1u64 << 52 } else { 0 };
-    // v = mantissa * 2^(e), e = max(biased, 1) - 1075; in units of 2^-64: mantissa << (e + 64)
-    let shift = biased.max(1) - 1075 + FIXED_FRACTION_BITS;
+    };
     let mut magnitude: Fixed = [0; 3];
     if shift + 53 > FIXED_CLAMP_LOG2 {
         magnitude[2] = 1u64 << (FIXED_CLAMP_LOG2 - 128);
@@ -50,10 +45,24 @@ pub fn fixed(v: f64) -> Fixed {
     } else if shift > -64 {
         magnitude[0] = mantissa >> (-shift) as u32;
     }
-    if bits >> 63 == 1 {
+    if negative {
         negate(&mut magnitude);
     }
     magnitude
+}
+
+/// A finite `v` as `(negative, mantissa, shift)` with `|v| * 2^64 = mantissa * 2^shift`
+/// (`mantissa < 2^53`); `None` for infinities and NaN.
+#[inline(always)]
+fn parts(v: f64) -> Option<(bool, u64, i32)> {
+    let bits = v.to_bits();
+    let biased = ((bits >> 52) & 0x7FF) as i32;
+    if biased == 0x7FF {
+        return None;
+    }
+    let mantissa = (bits & ((1u64 << 52) - 1)) | if biased != 0 { 1u64 << 52 } else { 0 };
+    // v = mantissa * 2^e, e = max(biased, 1) - 1075; in units of 2^-64: mantissa << (e + 64)
+    Some((bits >> 63 == 1, mantissa, biased.max(1) - 1075 + FIXED_FRACTION_BITS))
 }
 
 fn negate(x: &mut Fixed) {
@@ -81,24 +90,20 @@ pub fn add(acc: &mut Fixed, x: &Fixed) {
 /// width differs, so sums of these are `fixed` sums.
 #[inline(always)]
 fn small_fixed(v: f64) -> Option<i128> {
-    let bits = v.to_bits();
-    let biased = ((bits >> 52) & 0x7FF) as i32;
-    if biased == 0x7FF {
+    let Some((negative, mantissa, shift)) = parts(v) else {
         return Some(0);
-    }
-    let mantissa = ((bits & ((1u64 << 52) - 1)) | if biased != 0 { 1u64 << 52 } else { 0 }) as i128;
-    let shift = biased.max(1) - 1075 + FIXED_FRACTION_BITS;
+    };
     let magnitude = if shift >= 0 {
         if shift + 53 > SMALL_LOG2 {
             return None;
         }
-        mantissa << shift
+        (mantissa as i128) << shift
     } else if shift > -64 {
-        mantissa >> -shift
+        (mantissa >> -shift) as i128
     } else {
         0
     };
-    Some(if bits >> 63 == 1 { -magnitude } else { magnitude })
+    Some(if negative { -magnitude } else { magnitude })
 }
 
 /// Largest magnitude (log2, in units) `small_fixed` takes; `2^(126 - SMALL_LOG2)` of them add
