@@ -7,7 +7,7 @@ use crate::format::header::{
     chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED, FLAG_TOKEN_SCALE, FLAG_TORCH_HINT,
     MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
-use crate::hash::{checksum, Hasher};
+use crate::hash::{checksum, matches, Hasher};
 use crate::joint::{residuals, residuals_of, values_into, Joint};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
@@ -496,7 +496,7 @@ fn decode_words<W: Word, const N: usize>(
     for_each_piece_mut(threads, out, chunk, |piece_index, piece| {
         let i = first_chunk + piece_index;
         let bytes = payload(i);
-        if checksum(bytes) != header.chunks[i].checksum {
+        if !matches(bytes, header.chunks[i].checksum) {
             return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
         }
         let start = i * chunk;

@@ -41,7 +41,7 @@
 
 use crate::chunk::{ModelKind, LANES, LANES_V1};
 use crate::error::{corrupt, Error, Result};
-use crate::hash::checksum;
+use crate::hash::{checksum, matches};
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
 use crate::token_scale::TokenScale;
@@ -174,7 +174,7 @@ impl<'a> Reader<'a> {
     pub(crate) fn checksum(&mut self, what: &str) -> Result<()> {
         let covered = self.pos;
         let stored = self.u64()?;
-        if checksum(&self.bytes[..covered]) != stored {
+        if !matches(&self.bytes[..covered], stored) {
             return Err(Error::Checksum(format!("{what} checksum does not match")));
         }
         Ok(())
