@@ -1,9 +1,10 @@
 //! Structured: a tensor of any dtype and bit patterns, a prediction of any floats (NaN and
 //! infinities too), any sigma codes, a joint model with any coefficients, any model
 //! parameters and chunk size. Whatever `encode` accepts must decode to the same bits on any
-//! thread count, with the same bytes from any thread count; then the stream is damaged (bytes
-//! xored anywhere; checksums are not compared in fuzz builds, `hash::matches`) and decoding it
-//! must answer with a result or a typed error, never a panic or a hang.
+//! thread count, with the same bytes from any thread count, and so must its second half of
+//! chunks alone. Then the stream is damaged (bytes xored anywhere; checksums are not compared
+//! in fuzz builds, `hash::matches`), and decoding it must answer with a result or a typed
+//! error, never a panic or a hang.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -11,7 +12,10 @@ use libfuzzer_sys::fuzz_target;
 use speckv::codec::EncodeOptions;
 use speckv::joint::Joint;
 use speckv::model::ModelParams;
-use speckv::{decode_into, encode, Bits, BitsMut, DType, ModelKind, Prediction, SigmaCodes, TokenScale};
+use speckv::{
+    decode_chunks_into, decode_into, decoded_len, encode, info, Bits, BitsMut, DType, ModelKind, Prediction,
+    SigmaCodes, TokenScale,
+};
 
 /// Model parameters, mapped onto `ModelParams::validate`'s ranges and one step past each end
 /// (so most are accepted, and every bound is tried).
@@ -154,6 +158,14 @@ fuzz_target!(|case: Case| {
         decode_into(&stream, out.bits_mut(), prediction, threads).expect("its own stream decodes");
         assert!(out.words() == x, "round trip is not exact");
     }
+    // the second half of its chunks alone, as a reader of one layer decodes them
+    let header = info(&stream).expect("its own header parses");
+    let part = header.chunks.len() / 2..header.chunks.len();
+    let first = header.chunk_scalar_range(part.start).start;
+    let len = decoded_len(&header, Some(part.clone())).expect("a range of its own chunks");
+    let mut out = Words::zeros(dtype, len);
+    decode_chunks_into(&stream, out.bits_mut(), prediction, 2, Some(part)).expect("its own chunks decode");
+    assert!(out.words() == x[first..first + len], "a range of chunks does not decode exactly");
     if case.edits.is_empty() {
         return;
     }
