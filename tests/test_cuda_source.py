@@ -328,3 +328,7 @@ def test_the_fp8_predictor_on_the_gpu_restores_exactly(mode):
     cache = other_kernels(model, prompt)
     data = codec.compress([(k.cuda(), v.cuda()) for k, v in cache], prompt, mode)
     assert_same(codec, mode, cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))
+    # a GPU prompt gets its cache back on the GPU, the same bits
+    on_gpu = extract_kv(codec.decompress(data, prompt.cuda(), dequantize=False))
+    assert all(t.is_cuda for pair in on_gpu for t in pair)
+    assert_same(codec, mode, cache, [(k.cpu(), v.cpu()) for k, v in on_gpu])

@@ -86,6 +86,26 @@ def test_dynamic_cache_round_trip_is_exact(calibrated, mode):
     assert torch.equal(k1.view(word), back[1][0].view(word))
 
 
+def test_restored_tensors_go_where_asked(calibrated):
+    """``device=``: by default the prompt's device; any torch device ("meta" here, which every
+    machine has); a bad name, or a GPU where there is none, is refused before decoding."""
+    model, codec = calibrated
+    prompt = ids(24, 3)
+    data = codec.compress(prefill(model, prompt), prompt, "fp8")
+    here = extract_kv(codec.decompress(data, prompt))
+    meta = extract_kv(codec.decompress(data, prompt, device="meta"))
+    assert all(t.device.type == "cpu" for pair in here for t in pair)
+    assert all(t.device.type == "meta" for pair in meta for t in pair)
+    assert [(t.shape, t.dtype) for pair in meta for t in pair] == [(t.shape, t.dtype) for pair in here for t in pair]
+    k, v = codec.decompress_layer(data, prompt, 1, device=torch.device("meta"))
+    assert k.device.type == v.device.type == "meta" and k.shape == here[1][0].shape
+    with pytest.raises(ValueError, match="device"):
+        codec.decompress(data, prompt, device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            codec.decompress_layer(data, prompt, 0, device="cuda")
+
+
 def test_compressed_bf16_is_smaller_than_raw(calibrated):
     model, codec = calibrated
     prompt = ids(128, 5)

@@ -66,6 +66,9 @@ def test_prefixes_restore_exactly_and_share_blocks(codec, dtype, tmp_path):
     # a shorter prompt reads the prefix only
     cache, got = store.get(a[:, :20])
     assert got == 16 and extract_kv(cache)[0][0].shape[2] == 16
+    # on the device asked for (default: the prompt's)
+    cache, got = store.get(a[:, :20], device="meta")
+    assert got == 16 and all(t.device.type == "meta" and t.shape[2] == 16 for pair in extract_kv(cache) for t in pair)
 
 
 def test_a_damaged_entry_ends_the_prefix_and_the_rest_is_served(codec, tmp_path):

@@ -779,15 +779,19 @@ class SpeculativeCodec:
         dequantize: bool = True,
         prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         pipeline: bool | None = None,
+        device: str | torch.device | None = None,
     ) -> Any:
         """The exact cache back as a ``DynamicCache``. In fp8 mode it holds the fp8 tensors
         dequantized (``fp8 * scale`` in bfloat16) unless ``dequantize=False``, which returns the
         stored float8_e4m3fn tensors themselves. ``prediction`` skips running the predictor
         when its output for ``input_ids`` is at hand (whole-prompt predictors). ``pipeline``:
         for a layer-wise predictor, whether decoding overlaps its forward pass (see
-        ``_decode_walk``; default: where spare cores exist)."""
+        ``_decode_walk``; default: where spare cores exist). ``device``: where the cache's
+        tensors go (default: ``input_ids``' device, so a GPU prompt gets a GPU cache; decoding
+        itself runs on the host)."""
+        target = _restore_device(device, input_ids)
         c, layers = self._decode(data, input_ids, None, threads, prediction, pipeline)
-        kv = [layers[i] for i in range(c.layers)]
+        kv = [(k.to(target), v.to(target)) for k, v in (layers[i] for i in range(c.layers))]
         if c.metadata["mode"] == "fp8" and dequantize:
             scales = self._calibration().fp8_scales
             kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
@@ -801,11 +805,15 @@ class SpeculativeCodec:
         *,
         threads: int | None = None,
         pipeline: bool | None = None,
+        device: str | torch.device | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's stored ``(K, V)`` without decoding the others (a layer-wise predictor
-        needs the layers below: those are decoded too, but not the ones above)."""
+        needs the layers below: those are decoded too, but not the ones above), on ``device``
+        (default: ``input_ids``' device)."""
+        target = _restore_device(device, input_ids)
         _, layers = self._decode(data, input_ids, [layer], threads, None, pipeline)
-        return layers[layer]
+        k, v = layers[layer]
+        return k.to(target), v.to(target)
 
 
 def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
@@ -841,6 +849,20 @@ def _quiet_torch(run: Any) -> Iterator[None]:
         wait()
     with fixed_threads(1):
         yield
+
+
+def _restore_device(device: str | torch.device | None, input_ids: Any) -> torch.device:
+    """Where restored tensors go: ``device``, else the prompt's device (checked before any
+    decoding, so a bad name costs nothing)."""
+    if device is None:
+        return input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from e
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r}, but there is no CUDA device here")
+    return target
 
 
 def _give_state(predictor: Any, calibration: Calibration) -> None:

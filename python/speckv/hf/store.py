@@ -25,7 +25,7 @@ import torch
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, pack_entry, unpack_entry
 from .cache import build_cache
-from .codec import MODES, SpeculativeCodec, _dequantize
+from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
 from .predictors import describe
 from .prefix import ModelPrefixPredictor, PrefixState
 
@@ -137,11 +137,14 @@ class PrefixStore:
         return True
 
     # -- reading -----------------------------------------------------------------------
-    def get(self, input_ids: torch.Tensor, *, dequantize: bool = True) -> tuple[Any, int]:
+    def get(
+        self, input_ids: torch.Tensor, *, dequantize: bool = True, device: str | torch.device | None = None
+    ) -> tuple[Any, int]:
         """``(cache, n)``: the stored cache of the longest stored prefix of ``input_ids``, its
         first ``n`` tokens bit for bit, as a ``DynamicCache`` (``None, 0`` if no block is
-        stored). A damaged or foreign entry ends the prefix there (counted in ``stats``); the
-        blocks before it are still served."""
+        stored) on ``device`` (default: ``input_ids``' device). A damaged or foreign entry ends
+        the prefix there (counted in ``stats``); the blocks before it are still served."""
+        target = _restore_device(device, input_ids)
         ids = _ids(input_ids)
         predictor = self.codec.predictor
         state = PrefixState()
@@ -166,7 +169,10 @@ class PrefixStore:
         if not blocks:
             return None, 0
         n_layers = len(blocks[0])
-        kv = [tuple(torch.cat([blk[layer][w] for blk in blocks], dim=2) for w in (0, 1)) for layer in range(n_layers)]
+        kv = [
+            tuple(torch.cat([blk[layer][w] for blk in blocks], dim=2).to(target) for w in (0, 1))
+            for layer in range(n_layers)
+        ]
         if self.dtype == "fp8" and dequantize:
             scales = self.codec._calibration().fp8_scales
             kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
@@ -177,9 +183,11 @@ class PrefixStore:
         model prefill only the rest of ``input_ids``, generates, and (``store=True``) stores the
         blocks of the prompt and the generated text that are new. Returns the token ids, as
         ``generate`` does. In fp8 mode the model continues from the dequantised cache."""
-        ids = _ids(input_ids)
         model = self.codec.model
-        cache, n = self.get(ids)
+        # the model's device: its prompt and its starting cache must both be there
+        device = getattr(model, "device", None) or torch.device("cpu")
+        ids = _ids(input_ids).to(device)
+        cache, n = self.get(ids, device=device)
         if cache is not None and n >= ids.shape[1]:
             cache.crop(-1)  # generate needs at least one token to run the model on
         kwargs = dict(generate_kwargs)
