@@ -72,13 +72,21 @@ void host_speckv_exact_symbols(speckv::ExactTables t, const void* x, const float
     for (unsigned long long i = 0; i < n; ++i) speckv::symbols_item(t, x, mu, codes, symbols, i);
 }
 
-void host_speckv_code_chunks(speckv::ExactTables t, const void* x, const uint64_t* symbols, unsigned long long n,
-                             unsigned long long chunk, uint32_t* lane_words, unsigned int capacity,
-                             uint32_t* lane_bytes, uint32_t* payload_bytes, unsigned int layer_scalars,
-                             const uint32_t* runs, unsigned long long chunks) {
-    for (unsigned long long c = 0; c < chunks; ++c)
-        speckv::code_chunks_item(t, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes,
-                                 layer_scalars, runs, c);
+void host_speckv_escapes(speckv::ExactTables t, const void* x, const uint64_t* symbols, unsigned long long n,
+                         unsigned long long chunk, uint64_t* escapes, unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c) speckv::escapes_item(t, x, symbols, n, chunk, escapes, c);
+}
+
+void host_speckv_code_lanes(speckv::ExactTables t, const void* x, const uint64_t* symbols, const uint64_t* escapes,
+                            unsigned long long n, unsigned long long chunk, uint32_t* lane_words,
+                            unsigned int capacity, uint32_t* lane_bytes, unsigned int layer_scalars,
+                            const uint32_t* runs, unsigned long long items) {
+    for (unsigned long long i = 0; i < items; ++i)
+        speckv::lanes_item(t, x, symbols, escapes, n, chunk, lane_words, capacity, lane_bytes, layer_scalars, runs, i);
+}
+
+void host_speckv_payload_lengths(const uint32_t* lane_bytes, uint32_t* payload_bytes, unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c) speckv::payload_item(lane_bytes, payload_bytes, c);
 }
 
 void host_speckv_fingerprints(const float* mu, const int16_t* codes, unsigned long long n, unsigned long long chunk,

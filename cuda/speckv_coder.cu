@@ -3,7 +3,9 @@
 //   speckv_joint_params    jointly coded streams only (speckv_joint.cuh): one thread per
 //                          (layer, token), each scalar's conditional mu and sigma code
 //   speckv_exact_symbols   one thread per scalar: each scalar's symbol word
-//   speckv_code_chunks     one thread per chunk: eight lanes and the escape model, in order
+//   speckv_escapes         one thread per chunk: the escape model's intervals, in scalar order
+//   speckv_code_lanes      one thread per chunk and lane (eight a chunk): the lane's coder
+//   speckv_payload_lengths one thread per chunk: its payload's length
 //   speckv_fingerprints    one thread per chunk: XXH3 of the chunk's mu and sigma codes
 //   speckv_join_lanes      one thread per chunk: the payload at its offset (a prefix sum of
 //                          the payload lengths, computed between the launches)
@@ -29,16 +31,29 @@ extern "C" __global__ void speckv_exact_symbols(speckv::ExactTables tables, cons
     SPECKV_GRID_STRIDE(i, n) { speckv::symbols_item(tables, x, mu, codes, symbols, i); }
 }
 
-extern "C" __global__ void speckv_code_chunks(speckv::ExactTables tables, const void* __restrict__ x,
-                                              const uint64_t* __restrict__ symbols, unsigned long long n,
-                                              unsigned long long chunk, uint32_t* __restrict__ lane_words,
-                                              unsigned int capacity, uint32_t* __restrict__ lane_bytes,
-                                              uint32_t* __restrict__ payload_bytes, unsigned int layer_scalars,
-                                              const uint32_t* __restrict__ runs, unsigned long long chunks) {
-    SPECKV_GRID_STRIDE(c, chunks) {
-        speckv::code_chunks_item(tables, x, symbols, n, chunk, lane_words, capacity, lane_bytes, payload_bytes,
-                                 layer_scalars, runs, c);
+extern "C" __global__ void speckv_escapes(speckv::ExactTables tables, const void* __restrict__ x,
+                                          const uint64_t* __restrict__ symbols, unsigned long long n,
+                                          unsigned long long chunk, uint64_t* __restrict__ escapes,
+                                          unsigned long long chunks) {
+    SPECKV_GRID_STRIDE(c, chunks) { speckv::escapes_item(tables, x, symbols, n, chunk, escapes, c); }
+}
+
+extern "C" __global__ void speckv_code_lanes(speckv::ExactTables tables, const void* __restrict__ x,
+                                             const uint64_t* __restrict__ symbols,
+                                             const uint64_t* __restrict__ escapes, unsigned long long n,
+                                             unsigned long long chunk, uint32_t* __restrict__ lane_words,
+                                             unsigned int capacity, uint32_t* __restrict__ lane_bytes,
+                                             unsigned int layer_scalars, const uint32_t* __restrict__ runs,
+                                             unsigned long long items) {
+    SPECKV_GRID_STRIDE(i, items) {
+        speckv::lanes_item(tables, x, symbols, escapes, n, chunk, lane_words, capacity, lane_bytes, layer_scalars,
+                           runs, i);
     }
+}
+
+extern "C" __global__ void speckv_payload_lengths(const uint32_t* __restrict__ lane_bytes,
+                                                  uint32_t* __restrict__ payload_bytes, unsigned long long chunks) {
+    SPECKV_GRID_STRIDE(c, chunks) { speckv::payload_item(lane_bytes, payload_bytes, c); }
 }
 
 extern "C" __global__ void speckv_fingerprints(const float* __restrict__ mu, const int16_t* __restrict__ codes,

@@ -6,14 +6,17 @@
 // path's stream.
 //
 // One source for nvcc, NVRTC and the host compiler (see speckv_params.cuh; the CPU tests run
-// this very code through host_shim.cpp and compare the bytes with the Rust encoder's). Three
+// this very code through host_shim.cpp and compare the bytes with the Rust encoder's). Four
 // steps, each a kernel in speckv_coder.cu:
 //   1. exact_symbol(): per scalar, the interval the exact model gives it (float64 work, every
 //      operation correctly rounded, as the Rust core does it) or an escape. Independent per
 //      scalar: one GPU thread each.
-//   2. code_chunk(): per chunk, the eight lanes' range coders and the chunk's escape model,
-//      in scalar order (integer work only).
-//   3. join_lanes(): a chunk's payload, lane lengths then lanes.
+//   2. escape_symbols(): per chunk, in scalar order, the escape model's intervals for the
+//      chunk's escapes (the one state the eight lanes share; escapes are rare, so this walk
+//      only reads the symbol words).
+//   3. code_lane(): per chunk and lane, that lane's range coder over its scalars (integer
+//      work only): eight threads a chunk.
+//   4. join_lanes(): a chunk's payload, lane lengths then lanes.
 //
 // Mirrors, each cited where it is used:
 //   rust/speckv/src/exact.rs          setup, window, cum, encode_one / encode_slow
@@ -263,17 +266,23 @@ struct AdaptiveModel {
         cdf[n] = 1u << 16;
     }
 
-    SPECKV_HD_MEMBER void encode(RangeEncoder& enc, uint32_t symbol) {
-        const uint32_t lo = cdf[symbol];
-        enc.put(lo, cdf[symbol + 1] - lo, 16);  // adaptive PRECISION
+    // adaptive.rs' encode without the coder: the symbol's interval, packed as an escape half (its cum,
+    // then its freq - 1, 16 bits each: cum < 2^16 since freq >= 1, freq <= 2^16), and the
+    // counters' update; code_lane() puts the interval into the lane's coder.
+    SPECKV_HD_MEMBER uint32_t take(uint32_t symbol) {
+        const uint32_t lo = cdf[symbol], freq = cdf[symbol + 1] - lo;
         counts[symbol] += increment;
         if (++since_rebuild == period) {
             since_rebuild = 0;
             for (uint32_t i = 0; i < n; ++i) counts[i] -= counts[i] >> shift;
             rebuild();
         }
+        return lo | (freq - 1) << 16;
     }
 };
+
+// The adaptive models' precision (adaptive.rs: PRECISION).
+constexpr uint32_t ADAPTIVE_PRECISION = 16;
 
 // Largest alphabets of the raw model for 8- and 16-bit formats (bfloat16's sign + exponent,
 // float16's eight modelled mantissa bits).
@@ -285,65 +294,91 @@ SPECKV_HD uint32_t word_at(const void* x, uint32_t width, uint64_t i) {
     return width == 8 ? (uint32_t)((const uint8_t*)x)[i] : (uint32_t)((const uint16_t*)x)[i];
 }
 
-// Step 2 (chunk.rs: encode_predicted for the exact model, raw.rs for escapes): codes a chunk
-// of `n` scalars, whose symbol words and patterns are `symbols` and `x`, into eight lanes of
-// `capacity` words each (`lane_words`, lane l at l * capacity); writes each lane's length in
-// bytes to `lane_bytes` and returns the chunk's payload length (join_lanes).
-//
-// Runs: the Rust encoder hands the coder a chunk in runs, and each run starts again at lane
-// 0 (its scalar k goes to lane k % 8) while the escape model carries on. A plain stream's
-// chunk is one run (`layer_scalars` 0); a jointly coded chunk is whole layers of
-// `layer_scalars`, layer l of the chunk in runs of `runs[l]` (codec.rs: joint_runs: a channel's
-// tokens, or the whole layer where it is coded plainly, J2).
-SPECKV_HD uint32_t code_chunk(const ExactTables& t, const void* x, const uint64_t* symbols, uint32_t n,
-                              uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes, uint32_t layer_scalars,
-                              const uint32_t* runs) {
-    // raw.rs: RawPatternModel, sign + exponent, then the top mantissa bits, then the rest
-    const uint32_t m = t.mantissa_bits;
-    const uint32_t modelled = m < 8 ? m : 8;  // MODELLED_MANTISSA_BITS
-    const uint32_t uniform = m - modelled;
+// The raw model's split of an escaped pattern (raw.rs: RawPatternModel): sign + exponent,
+// then the top MODELLED_MANTISSA_BITS of the mantissa (adaptive symbols), then the rest
+// (uniform bits).
+struct RawSplit {
+    uint32_t m, uniform;
+    SPECKV_HD_MEMBER explicit RawSplit(const ExactTables& t)
+        : m(t.mantissa_bits), uniform(t.mantissa_bits - (t.mantissa_bits < 8 ? t.mantissa_bits : 8)) {}
+    SPECKV_HD_MEMBER uint32_t head(uint32_t bits) const { return bits >> m; }
+    SPECKV_HD_MEMBER uint32_t mantissa(uint32_t bits) const { return (bits & ((1u << m) - 1)) >> uniform; }
+    SPECKV_HD_MEMBER uint32_t rest(uint32_t bits) const { return bits & ((1u << uniform) - 1); }
+};
+
+// Step 2 (raw.rs: RawPatternModel::encode, the intervals only): the escape model belongs to
+// the chunk, not to a lane, and moves on at every escape in scalar order, so it is walked
+// once per chunk before the lanes code. For each escaped scalar i of the chunk's `n`,
+// `escapes[i]` gets its head interval (bits 0-31) and its mantissa interval (bits 32-63), each
+// as AdaptiveModel::take packs it; other entries are not written.
+SPECKV_HD void escape_symbols(const ExactTables& t, const void* x, const uint64_t* symbols, uint32_t n,
+                              uint64_t* escapes) {
+    const RawSplit split(t);
     uint32_t head_counts[MAX_HEAD_SYMBOLS], head_cdf[MAX_HEAD_SYMBOLS + 1];
     uint32_t mantissa_counts[MAX_MANTISSA_SYMBOLS], mantissa_cdf[MAX_MANTISSA_SYMBOLS + 1];
     AdaptiveModel head, mantissa;
-    head.init(1u << (t.width - m), head_counts, head_cdf, t);
-    mantissa.init(1u << modelled, mantissa_counts, mantissa_cdf, t);
-    RangeEncoder lanes[LANES];
-    for (uint32_t l = 0; l < LANES; ++l) lanes[l] = RangeEncoder{0, ~0ull, lane_words + (uint64_t)l * capacity, 0};
-    uint32_t lane = 0, run = layer_scalars ? runs[0] : n, in_run = 0, layer = 0, in_layer = 0;
+    head.init(1u << (t.width - split.m), head_counts, head_cdf, t);
+    mantissa.init(1u << (split.m - split.uniform), mantissa_counts, mantissa_cdf, t);
     for (uint32_t base = 0; base < n; base += LANES) {
-        // a group's eight symbol words are loaded before any is coded: eight loads in flight
-        // instead of one at a time (a GPU thread does not run ahead of a load it waits on)
+        // a group's eight symbol words are loaded before any is looked at: eight loads in
+        // flight instead of one at a time (a GPU thread does not run ahead of a load it waits on)
         uint64_t group[LANES];
         const uint32_t size = n - base < LANES ? n - base : LANES;
         for (uint32_t l = 0; l < size; ++l) group[l] = symbols[base + l];
         for (uint32_t l = 0; l < size; ++l) {
-            RangeEncoder& enc = lanes[lane];
-            lane = (lane + 1) % LANES;
-            if (++in_run == run) {
-                in_run = 0;
-                lane = 0;
-            }
-            if (layer_scalars && ++in_layer == layer_scalars && base + l + 1 < n) {
-                in_layer = 0;
-                run = runs[++layer];
-                in_run = 0;
-                lane = 0;
-            }
-            const uint64_t s = group[l];
-            const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
-            if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
-            if (s & SYMBOL_RAW) {
-                const uint32_t bits = word_at(x, t.width, base + l);
-                head.encode(enc, bits >> m);
-                const uint32_t low_bits = bits & ((1u << m) - 1);
-                mantissa.encode(enc, low_bits >> uniform);
-                enc.put_bits(low_bits & ((1u << uniform) - 1), uniform);
+            if (!(group[l] & SYMBOL_RAW)) continue;
+            const uint32_t bits = word_at(x, t.width, base + l);
+            const uint64_t h = head.take(split.head(bits));
+            escapes[base + l] = h | (uint64_t)mantissa.take(split.mantissa(bits)) << 32;
+        }
+    }
+}
+
+// Step 3 (chunk.rs: encode_predicted for the exact model, raw.rs for escapes): lane `lane` of
+// a chunk of `n` scalars, whose symbol words, escape intervals (step 2) and patterns are
+// `symbols`, `escapes` and `x`, coded into `words` (lane_capacity of the lane's scalars);
+// returns the lane's length in bytes. Each lane's coder sees its own scalars in order, as in
+// the Rust encoder, which hands them to the lanes in turn; the escape model's part was step 2.
+//
+// Runs: the Rust encoder hands the coder a chunk in runs, and each run starts again at lane
+// 0 (its scalar k goes to lane k % 8). A plain stream's chunk is one run (`layer_scalars` 0); a
+// jointly coded chunk is whole layers of `layer_scalars`, layer l of the chunk in runs of
+// `runs[l]` (codec.rs: joint_runs: a channel's tokens, or the whole layer where it is coded
+// plainly, J2), the last run of a layer ending with it.
+SPECKV_HD uint32_t code_lane(const ExactTables& t, const void* x, const uint64_t* symbols, const uint64_t* escapes,
+                             uint32_t n, uint32_t lane, uint32_t* words, uint32_t layer_scalars,
+                             const uint32_t* runs) {
+    const RawSplit split(t);
+    RangeEncoder enc{0, ~0ull, words, 0};
+    const uint32_t layer_len = layer_scalars ? layer_scalars : n;
+    for (uint32_t layer_start = 0, layer = 0; layer_start < n; layer_start += layer_len, ++layer) {
+        const uint32_t layer_end = n - layer_start < layer_len ? n : layer_start + layer_len;
+        const uint32_t run = layer_scalars ? runs[layer] : n;
+        for (uint32_t run_start = layer_start; run_start < layer_end; run_start += run) {
+            const uint32_t run_end = layer_end - run_start < run ? layer_end : run_start + run;
+            for (uint32_t i = run_start + lane; i < run_end; i += LANES) {
+                const uint64_t s = symbols[i];
+                const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
+                if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
+                if (s & SYMBOL_RAW) {
+                    const uint64_t e = escapes[i];
+                    for (uint32_t half = 0; half < 2; ++half) {
+                        const uint32_t interval = (uint32_t)(e >> (32 * half));
+                        enc.put(interval & 0xFFFFu, (interval >> 16) + 1, ADAPTIVE_PRECISION);
+                    }
+                    enc.put_bits(split.rest(word_at(x, t.width, i)), split.uniform);
+                }
             }
         }
     }
+    return enc.finish();
+}
+
+// A chunk's payload length (join_lanes' layout): its lanes' bytes and lanes 0-6's lengths as
+// LEB128 varints.
+SPECKV_HD uint32_t payload_length(const uint32_t* lane_bytes) {
     uint32_t payload = 0;
     for (uint32_t l = 0; l < LANES; ++l) {
-        lane_bytes[l] = lanes[l].finish();
         payload += lane_bytes[l];
         if (l + 1 < LANES) {
             for (uint32_t v = lane_bytes[l]; v >= 0x80; v >>= 7) ++payload;
@@ -381,16 +416,41 @@ SPECKV_HD void symbols_item(const ExactTables& t, const void* x, const float* mu
     symbols[i] = exact_symbol(t, word_at(x, t.width, i), mu[i], codes[i]);
 }
 
-// `layer_scalars` and `runs` (per layer of the stream): see code_chunk; a jointly coded
-// stream's chunks hold whole layers.
-SPECKV_HD void code_chunks_item(const ExactTables& t, const void* x, const uint64_t* symbols, uint64_t n,
-                                uint64_t chunk, uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes,
-                                uint32_t* payload_bytes, uint32_t layer_scalars, const uint32_t* runs, uint64_t c) {
-    const uint64_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
-    const void* xs = t.width == 8 ? (const void*)((const uint8_t*)x + start) : (const void*)((const uint16_t*)x + start);
-    const uint32_t* chunk_runs = layer_scalars ? runs + start / layer_scalars : runs;
-    payload_bytes[c] = code_chunk(t, xs, symbols + start, (uint32_t)(stop - start), lane_words + c * LANES * capacity,
-                                  capacity, lane_bytes + c * LANES, layer_scalars, chunk_runs);
+// Chunk c's scalars, patterns and (jointly coded streams) runs.
+struct ChunkSpan {
+    uint64_t start;
+    uint32_t n;
+    const void* x;
+    const uint32_t* runs;
+    SPECKV_HD_MEMBER ChunkSpan(const ExactTables& t, const void* x_all, uint64_t n_all, uint64_t chunk,
+                               uint32_t layer_scalars, const uint32_t* runs_all, uint64_t c)
+        : start(c * chunk),
+          n((uint32_t)((c + 1) * chunk < n_all ? chunk : n_all - c * chunk)),
+          x(t.width == 8 ? (const void*)((const uint8_t*)x_all + start)
+                         : (const void*)((const uint16_t*)x_all + start)),
+          runs(layer_scalars ? runs_all + start / layer_scalars : runs_all) {}
+};
+
+SPECKV_HD void escapes_item(const ExactTables& t, const void* x, const uint64_t* symbols, uint64_t n, uint64_t chunk,
+                            uint64_t* escapes, uint64_t c) {
+    const ChunkSpan span(t, x, n, chunk, 0, nullptr, c);
+    escape_symbols(t, span.x, symbols + span.start, span.n, escapes + span.start);
+}
+
+// Item `item` is lane item % 8 of chunk item / 8; its words go to
+// lane_words + item * capacity, its byte length to lane_bytes[item]. `layer_scalars` and
+// `runs` (per layer of the stream): see code_lane; a jointly coded stream's chunks hold whole
+// layers.
+SPECKV_HD void lanes_item(const ExactTables& t, const void* x, const uint64_t* symbols, const uint64_t* escapes,
+                          uint64_t n, uint64_t chunk, uint32_t* lane_words, uint32_t capacity, uint32_t* lane_bytes,
+                          uint32_t layer_scalars, const uint32_t* runs, uint64_t item) {
+    const ChunkSpan span(t, x, n, chunk, layer_scalars, runs, item / LANES);
+    lane_bytes[item] = code_lane(t, span.x, symbols + span.start, escapes + span.start, span.n,
+                                 (uint32_t)(item % LANES), lane_words + item * capacity, layer_scalars, span.runs);
+}
+
+SPECKV_HD void payload_item(const uint32_t* lane_bytes, uint32_t* payload_bytes, uint64_t c) {
+    payload_bytes[c] = payload_length(lane_bytes + c * LANES);
 }
 
 SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n);

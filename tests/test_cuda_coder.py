@@ -90,8 +90,16 @@ def test_host_build_writes_the_rust_encoders_bytes(host_gpu, name):
     for chunk in (1, 2, 3, 7, 8, 9, 21, 22, 40, 41, 64, 1000, 4096, 20_000, 1 << 17):
         got = _host_encode(x, mu, codes, chunk)
         assert got == _want(x, mu, codes, chunk), f"{name}, chunks of {chunk}"
-    names = [launch[0] for launch in host_gpu.launches[:4]]
-    assert names == ["speckv_exact_symbols", "speckv_code_chunks", "speckv_fingerprints", "speckv_join_lanes"]
+    steps = [launch[:2] for launch in host_gpu.launches[:6]]
+    chunks = 20_000  # the first case's, of one scalar each
+    assert steps == [
+        ("speckv_exact_symbols", 20_000),
+        ("speckv_escapes", chunks),
+        ("speckv_code_lanes", 8 * chunks),  # eight threads a chunk
+        ("speckv_payload_lengths", chunks),
+        ("speckv_fingerprints", chunks),
+        ("speckv_join_lanes", chunks),
+    ]
     back = speckv.decode(got, mu, sigma_codes=codes)
     torch = pytest.importorskip("torch")
     words = back.view(torch.uint8 if back.element_size() == 1 else torch.int16)
@@ -110,9 +118,9 @@ def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
         assert _host_encode(x, mu, codes, chunk) == _want(x, mu, codes, chunk)
     # rounds of a few chunks each (ROUND_SCALARS), as a large cache is coded
     monkeypatch.setattr(speckv.cuda, "ROUND_SCALARS", 3 * 4096 + 5)
-    before = sum(name == "speckv_code_chunks" for name, _, _ in host_gpu.launches)
+    before = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)
     assert _host_encode(x, mu, codes, 4096) == _want(x, mu, codes, 4096)
-    assert sum(name == "speckv_code_chunks" for name, _, _ in host_gpu.launches) - before == 2
+    assert sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches) - before == 2
     empty = np.zeros((0, 4), ml_dtypes.bfloat16)
     args = (empty, np.zeros((0, 4), np.float32), np.zeros(4, np.int16), 16)
     assert _host_encode(*args) == _want(*args)
@@ -297,7 +305,7 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     assert host_gpu.launches == []
     monkeypatch.setattr(codec, "_codes_on_gpu", lambda kv, pred: True)
     assert codec.compress_predicted(cache, prompt, prediction, mode) == want
-    coded = sum(name == "speckv_code_chunks" for name, _, _ in host_gpu.launches)
+    coded = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)
     assert coded == 2 * 2  # K and V of each block
     assert sum(name == "speckv_joint_params" for name, _, _ in host_gpu.launches) == (4 if joint else 0)
     assert ("joint" in speckv.info(want)["metadata"]) == joint

@@ -36,10 +36,10 @@ from ._speckv import SpeckvError
 BLOCK = 256
 #: at most this many blocks per launch; the loops stride over the rest
 MAX_BLOCKS = 65535
-#: threads per block of the per-chunk kernels: one warp, so that a stream's few dozen chunks
-#: spread over the multiprocessors instead of sharing one
+#: threads per block of the per-chunk and per-lane kernels: one warp, so that a stream's few
+#: dozen chunks spread over the multiprocessors instead of sharing one
 CHUNK_BLOCK = 32
-#: scalars coded per round of `encode` (its scratch is ~17 bytes a scalar; the chunks of a
+#: scalars coded per round of `encode` (its scratch is ~25 bytes a scalar; the chunks of a
 #: round run in parallel)
 ROUND_SCALARS = 1 << 24
 # NVRTC options: no contraction into fused multiply-adds (the sources spell every operation
@@ -94,7 +94,9 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "speckv_coder.cu": (
         "speckv_joint_params",
         "speckv_exact_symbols",
-        "speckv_code_chunks",
+        "speckv_escapes",
+        "speckv_code_lanes",
+        "speckv_payload_lengths",
         "speckv_fingerprints",
         "speckv_join_lanes",
     ),
@@ -551,10 +553,18 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         lane_bytes = torch.empty(k * 8, dtype=torch.int32, device=x.device)
         part = lengths[first:last]
         round_runs = runs[start // layer_scalars :] if layer_scalars else runs
-        args = [tables, _ptr(xs), _ptr(symbols), np.array(stop - start, u64), np.array(chunk, u64)]
-        args += [_ptr(lane_words), np.array(capacity, u32), _ptr(lane_bytes), _ptr(part)]
-        args += [np.array(layer_scalars, u32), _ptr(round_runs), np.array(k, u64)]
-        module.launch("speckv_code_chunks", k, args, stream, CHUNK_BLOCK)
+        # the escape model's intervals (a chunk's one serial walk), then eight lanes a chunk
+        escapes = torch.empty(stop - start, dtype=torch.int64, device=x.device)
+        span = [np.array(stop - start, u64), np.array(chunk, u64)]
+        args = [tables, _ptr(xs), _ptr(symbols), *span, _ptr(escapes), np.array(k, u64)]
+        module.launch("speckv_escapes", k, args, stream, CHUNK_BLOCK)
+        args = [tables, _ptr(xs), _ptr(symbols), _ptr(escapes), *span]
+        args += [_ptr(lane_words), np.array(capacity, u32), _ptr(lane_bytes)]
+        args += [np.array(layer_scalars, u32), _ptr(round_runs), np.array(8 * k, u64)]
+        module.launch("speckv_code_lanes", 8 * k, args, stream, CHUNK_BLOCK)
+        module.launch(
+            "speckv_payload_lengths", k, [_ptr(lane_bytes), _ptr(part), np.array(k, u64)], stream, CHUNK_BLOCK
+        )
         args = [_ptr(ms), _ptr(cs), np.array(stop - start, u64), np.array(chunk, u64)]
         args += [_ptr(fingerprints[first:last]), np.array(k, u64)]
         module.launch("speckv_fingerprints", k, args, stream, CHUNK_BLOCK)
