@@ -72,9 +72,9 @@ void host_speckv_exact_symbols(speckv::ExactTables t, const void* x, const float
     for (unsigned long long i = 0; i < n; ++i) speckv::symbols_item(t, x, mu, codes, symbols, i);
 }
 
-void host_speckv_escapes(speckv::ExactTables t, const void* x, const uint64_t* symbols, unsigned long long n,
-                         unsigned long long chunk, uint64_t* escapes, unsigned long long chunks) {
-    for (unsigned long long c = 0; c < chunks; ++c) speckv::escapes_item(t, x, symbols, n, chunk, escapes, c);
+void host_speckv_escapes(speckv::ExactTables t, const void* x, const int64_t* positions, const int64_t* bounds,
+                         uint64_t* escapes, unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c) speckv::escapes_item(t, x, positions, bounds, escapes, c);
 }
 
 void host_speckv_code_lanes(speckv::ExactTables t, const void* x, const uint64_t* symbols, const uint64_t* escapes,

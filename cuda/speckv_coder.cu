@@ -4,6 +4,7 @@
 //                          (layer, token), each scalar's conditional mu and sigma code
 //   speckv_exact_symbols   one thread per scalar: each scalar's symbol word
 //   speckv_escapes         one thread per chunk: the escape model's intervals, in scalar order
+//                          (the escapes' positions found between the launches)
 //   speckv_code_lanes      one thread per chunk and lane (eight a chunk): the lane's coder
 //   speckv_payload_lengths one thread per chunk: its payload's length
 //   speckv_fingerprints    one thread per chunk: XXH3 of the chunk's mu and sigma codes
@@ -32,10 +33,9 @@ extern "C" __global__ void speckv_exact_symbols(speckv::ExactTables tables, cons
 }
 
 extern "C" __global__ void speckv_escapes(speckv::ExactTables tables, const void* __restrict__ x,
-                                          const uint64_t* __restrict__ symbols, unsigned long long n,
-                                          unsigned long long chunk, uint64_t* __restrict__ escapes,
-                                          unsigned long long chunks) {
-    SPECKV_GRID_STRIDE(c, chunks) { speckv::escapes_item(tables, x, symbols, n, chunk, escapes, c); }
+                                          const int64_t* __restrict__ positions, const int64_t* __restrict__ bounds,
+                                          uint64_t* __restrict__ escapes, unsigned long long chunks) {
+    SPECKV_GRID_STRIDE(c, chunks) { speckv::escapes_item(tables, x, positions, bounds, escapes, c); }
 }
 
 extern "C" __global__ void speckv_code_lanes(speckv::ExactTables tables, const void* __restrict__ x,

@@ -308,10 +308,11 @@ struct RawSplit {
 
 // Step 2 (raw.rs: RawPatternModel::encode, the intervals only): the escape model belongs to
 // the chunk, not to a lane, and moves on at every escape in scalar order, so it is walked
-// once per chunk before the lanes code. For each escaped scalar i of the chunk's `n`,
-// `escapes[i]` gets its head interval (bits 0-31) and its mantissa interval (bits 32-63), each
-// as AdaptiveModel::take packs it; other entries are not written.
-SPECKV_HD void escape_symbols(const ExactTables& t, const void* x, const uint64_t* symbols, uint32_t n,
+// once per chunk before the lanes code; only the escapes are visited (`positions`, ascending:
+// the chunk's escaped scalars, found beforehand), as they are rare. For each, `escapes[i]`
+// gets its head interval (bits 0-31) and its mantissa interval (bits 32-63), each as
+// AdaptiveModel::take packs it; other entries are not written.
+SPECKV_HD void escape_symbols(const ExactTables& t, const void* x, const int64_t* positions, uint64_t count,
                               uint64_t* escapes) {
     const RawSplit split(t);
     uint32_t head_counts[MAX_HEAD_SYMBOLS], head_cdf[MAX_HEAD_SYMBOLS + 1];
@@ -319,20 +320,16 @@ SPECKV_HD void escape_symbols(const ExactTables& t, const void* x, const uint64_
     AdaptiveModel head, mantissa;
     head.init(1u << (t.width - split.m), head_counts, head_cdf, t);
     mantissa.init(1u << (split.m - split.uniform), mantissa_counts, mantissa_cdf, t);
-    for (uint32_t base = 0; base < n; base += LANES) {
-        // a group's eight symbol words are loaded before any is looked at: eight loads in
-        // flight instead of one at a time (a GPU thread does not run ahead of a load it waits on)
-        uint64_t group[LANES];
-        const uint32_t size = n - base < LANES ? n - base : LANES;
-        for (uint32_t l = 0; l < size; ++l) group[l] = symbols[base + l];
-        for (uint32_t l = 0; l < size; ++l) {
-            if (!(group[l] & SYMBOL_RAW)) continue;
-            const uint32_t bits = word_at(x, t.width, base + l);
-            const uint64_t h = head.take(split.head(bits));
-            escapes[base + l] = h | (uint64_t)mantissa.take(split.mantissa(bits)) << 32;
-        }
+    for (uint64_t k = 0; k < count; ++k) {
+        const uint64_t i = (uint64_t)positions[k];
+        const uint32_t bits = word_at(x, t.width, i);
+        const uint64_t h = head.take(split.head(bits));
+        escapes[i] = h | (uint64_t)mantissa.take(split.mantissa(bits)) << 32;
     }
 }
+
+// Symbol words a lane's thread loads ahead (code_lane).
+constexpr uint32_t LANE_GROUP = 8;
 
 // Step 3 (chunk.rs: encode_predicted for the exact model, raw.rs for escapes): lane `lane` of
 // a chunk of `n` scalars, whose symbol words, escape intervals (step 2) and patterns are
@@ -356,17 +353,27 @@ SPECKV_HD uint32_t code_lane(const ExactTables& t, const void* x, const uint64_t
         const uint32_t run = layer_scalars ? runs[layer] : n;
         for (uint32_t run_start = layer_start; run_start < layer_end; run_start += run) {
             const uint32_t run_end = layer_end - run_start < run ? layer_end : run_start + run;
-            for (uint32_t i = run_start + lane; i < run_end; i += LANES) {
-                const uint64_t s = symbols[i];
-                const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
-                if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
-                if (s & SYMBOL_RAW) {
-                    const uint64_t e = escapes[i];
-                    for (uint32_t half = 0; half < 2; ++half) {
-                        const uint32_t interval = (uint32_t)(e >> (32 * half));
-                        enc.put(interval & 0xFFFFu, (interval >> 16) + 1, ADAPTIVE_PRECISION);
+            for (uint32_t first = run_start + lane; first < run_end; first += LANES * LANE_GROUP) {
+                // the lane's next LANE_GROUP symbol words are loaded before any is coded: that
+                // many loads in flight instead of one at a time (a GPU thread does not run ahead
+                // of a load it waits on, and a chunk's eight threads are all a warp has of it)
+                uint64_t group[LANE_GROUP];
+                const uint32_t size = (run_end - first + LANES - 1) / LANES;
+                const uint32_t count = size < LANE_GROUP ? size : LANE_GROUP;
+                for (uint32_t g = 0; g < count; ++g) group[g] = symbols[first + g * LANES];
+                for (uint32_t g = 0; g < count; ++g) {
+                    const uint64_t s = group[g];
+                    const uint32_t freq = (uint32_t)(s >> 32) & 0x7FFFFFFFu;
+                    if (freq != 0) enc.put((uint32_t)s, freq, t.precision);
+                    if (s & SYMBOL_RAW) {
+                        const uint32_t i = first + g * LANES;
+                        const uint64_t e = escapes[i];
+                        for (uint32_t half = 0; half < 2; ++half) {
+                            const uint32_t interval = (uint32_t)(e >> (32 * half));
+                            enc.put(interval & 0xFFFFu, (interval >> 16) + 1, ADAPTIVE_PRECISION);
+                        }
+                        enc.put_bits(split.rest(word_at(x, t.width, i)), split.uniform);
                     }
-                    enc.put_bits(split.rest(word_at(x, t.width, i)), split.uniform);
                 }
             }
         }
@@ -431,10 +438,11 @@ struct ChunkSpan {
           runs(layer_scalars ? runs_all + start / layer_scalars : runs_all) {}
 };
 
-SPECKV_HD void escapes_item(const ExactTables& t, const void* x, const uint64_t* symbols, uint64_t n, uint64_t chunk,
+// Chunk c's escapes are positions[bounds[c]..bounds[c + 1]] (ascending positions in the
+// round's scalars, the round's scalars 0-based as x and escapes are).
+SPECKV_HD void escapes_item(const ExactTables& t, const void* x, const int64_t* positions, const int64_t* bounds,
                             uint64_t* escapes, uint64_t c) {
-    const ChunkSpan span(t, x, n, chunk, 0, nullptr, c);
-    escape_symbols(t, span.x, symbols + span.start, span.n, escapes + span.start);
+    escape_symbols(t, x, positions + bounds[c], (uint64_t)(bounds[c + 1] - bounds[c]), escapes);
 }
 
 // Item `item` is lane item % 8 of chunk item / 8; its words go to

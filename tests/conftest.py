@@ -55,7 +55,7 @@ class HostModule:
             "speckv_coding_mu": [p, f32, i32, p, u64, p, u64],
             "speckv_joint_params": [speckv.cuda.JointModel, p, p, p, p, p, p, u64],
             "speckv_exact_symbols": [tables, p, p, p, p, u64],
-            "speckv_escapes": [tables, p, p, u64, u64, p, u64],
+            "speckv_escapes": [tables, p, p, p, p, u64],
             "speckv_code_lanes": [tables, p, p, p, u64, u64, p, u32, p, u32, p, u64],
             "speckv_payload_lengths": [p, p, u64],
             "speckv_fingerprints": [p, p, u64, u64, p, u64],

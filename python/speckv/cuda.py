@@ -553,11 +553,15 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         lane_bytes = torch.empty(k * 8, dtype=torch.int32, device=x.device)
         part = lengths[first:last]
         round_runs = runs[start // layer_scalars :] if layer_scalars else runs
-        # the escape model's intervals (a chunk's one serial walk), then eight lanes a chunk
+        # the escapes (SYMBOL_RAW, the sign bit), each chunk's found by bisection; the escape
+        # model walks them (a chunk's one serial step), then eight lanes a chunk code
+        positions = (symbols < 0).nonzero().reshape(-1)
+        edges = torch.arange(k + 1, dtype=torch.int64, device=x.device) * chunk
+        bounds = torch.searchsorted(positions, edges)
         escapes = torch.empty(stop - start, dtype=torch.int64, device=x.device)
-        span = [np.array(stop - start, u64), np.array(chunk, u64)]
-        args = [tables, _ptr(xs), _ptr(symbols), *span, _ptr(escapes), np.array(k, u64)]
+        args = [tables, _ptr(xs), _ptr(positions), _ptr(bounds), _ptr(escapes), np.array(k, u64)]
         module.launch("speckv_escapes", k, args, stream, CHUNK_BLOCK)
+        span = [np.array(stop - start, u64), np.array(chunk, u64)]
         args = [tables, _ptr(xs), _ptr(symbols), _ptr(escapes), *span]
         args += [_ptr(lane_words), np.array(capacity, u32), _ptr(lane_bytes)]
         args += [np.array(layer_scalars, u32), _ptr(round_runs), np.array(8 * k, u64)]
