@@ -12,8 +12,8 @@
 //      operation correctly rounded, as the Rust core does it) or an escape. Independent per
 //      scalar: one GPU thread each.
 //   2. escape_symbols(): per chunk, in scalar order, the escape model's intervals for the
-//      chunk's escapes (the one state the eight lanes share; escapes are rare, so this walk
-//      only reads the symbol words).
+//      chunk's escapes (the one state the eight lanes share; the walk visits only the
+//      escapes, which are rare).
 //   3. code_lane(): per chunk and lane, that lane's range coder over its scalars (integer
 //      work only): eight threads a chunk.
 //   4. join_lanes(): a chunk's payload, lane lengths then lanes.
@@ -266,9 +266,9 @@ struct AdaptiveModel {
         cdf[n] = 1u << 16;
     }
 
-    // adaptive.rs' encode without the coder: the symbol's interval, packed as an escape half (its cum,
-    // then its freq - 1, 16 bits each: cum < 2^16 since freq >= 1, freq <= 2^16), and the
-    // counters' update; code_lane() puts the interval into the lane's coder.
+    // adaptive.rs' encode without the coder: the symbol's interval, packed as an escape half
+    // (its cum, then its freq - 1, 16 bits each: cum < 2^16 since freq >= 1, freq <= 2^16),
+    // and the counters' update; code_lane() puts the interval into the lane's coder.
     SPECKV_HD_MEMBER uint32_t take(uint32_t symbol) {
         const uint32_t lo = cdf[symbol], freq = cdf[symbol + 1] - lo;
         counts[symbol] += increment;
