@@ -57,6 +57,30 @@ def _time(fn, repeat: int = 20, device: str = "cuda") -> float:
     return best
 
 
+def _kernel_times(fn) -> dict[str, float] | str:
+    """Device time per speckv kernel of one call of ``fn`` (torch's profiler: CUPTI sees the
+    driver API's launches too), in milliseconds; where the profiler cannot say, why, as a
+    string (a breakdown is a hint for the next optimisation, never a reason to fail the run)."""
+    import torch
+
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        times: dict[str, float] = {}
+        for event in prof.key_averages():
+            if event.key.startswith("speckv_"):
+                us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+                times[event.key] = times.get(event.key, 0.0) + float(us) / 1e3
+        return times or "the profiler saw no speckv kernel"
+    except Exception as e:  # noqa: BLE001 - any failure only costs the breakdown
+        return f"{type(e).__name__}: {e}"
+
+
 def _coder(layers: int, tokens: int, device: str = "cuda") -> list[dict]:
     """The GPU coder (``speckv.cuda.encode``) on a synthetic K cache of the demo model's shape
     in both storage modes and at three chunk sizes, against ``speckv.encode`` on the host (every
@@ -112,6 +136,8 @@ def _coder(layers: int, tokens: int, device: str = "cuda") -> list[dict]:
                     # the coded chunks, a length and a fingerprint per chunk
                     "host_bytes": (len(data) - header + 12 * chunks) / n,
                     "same_bytes": data == want,
+                    # where the GPU coder's time goes (GPU only)
+                    "kernel_ms": _kernel_times(encode) if device == "cuda" else "not on a GPU",
                 }
             )
     return rows
@@ -278,6 +304,11 @@ def run(n: int, layers: int, tokens: int, device: str = "cuda", samples: int = 8
         host = f"host {r['host_s'] * 1e3:7.1f} ms: x{r['host_s'] / r['gpu_s']:.1f}"
         size = f"{r['bits_per_scalar']:.3f} b/s, same bytes: {r['same_bytes']}"
         print(f"  {r['mode']:10s} chunks of {r['chunk']:6d}: {gpu}, {host}; {size}")
+        steps = r["kernel_ms"]
+        if isinstance(steps, dict):
+            print("    " + ", ".join(f"{k.removeprefix('speckv_')} {v:.3f} ms" for k, v in steps.items()))
+        else:
+            print(f"    kernels: {steps}")
     where = f"{samples} prompts x {tokens} tokens, {layers} layers of the demo model's shape, fp8 predictor"
     host = f"host {calibration['host_s']:.2f} s ({os.cpu_count()} threads)"
     gpu = (
