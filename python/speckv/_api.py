@@ -100,7 +100,7 @@ def resolve_threads(threads: int | None) -> int:
     return int(threads)
 
 
-def _prediction(mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, ...]:
+def _prediction(mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, Any, Any, Any]:
     """The extension's prediction arguments: mu as flat float32 with its shape, sigma (float32
     values or int16 codes) flat with the shape it broadcasts from. Shapes are checked against
     the tensor's in the extension, in the same call that codes."""
@@ -153,7 +153,7 @@ def _target(x: Any) -> tuple[np.ndarray, str]:
     return _arrays.to_numpy(x), name
 
 
-def _coding_args(x: Any, mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, ...]:
+def _coding_args(x: Any, mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
     """The positional arguments of the extension's encode / ideal_bits: x's words, dtype name,
     shape, then the prediction arguments of `_prediction`."""
     x_np, name = _target(x)

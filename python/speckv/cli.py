@@ -399,7 +399,7 @@ def _ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) ->
         sys.exit("speckv eval --ablate: the calibration fitted no joint model (every layer has a relative sigma)")
     layers = cal.metadata["joint"]["layers"]
     held_out = prompts(tokenizer, _text(args.text), args.seq_len, args.prompts)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, structure, scaled in ABLATION:
         variant = cal
         if structure is not None:

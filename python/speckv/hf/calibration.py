@@ -14,7 +14,7 @@ import torch
 
 from .._speckv import PredictionMismatchError
 from .cache import KV, other_kernels, prefill
-from .predictors import FP8_MAX, Predictor, describe
+from .predictors import FP8_MAX, AnyPredictor, describe
 
 CALIBRATION_FORMAT = 1
 # safetensors names of a learned predictor's tensors in a calibration file
@@ -136,10 +136,10 @@ class Calibration:
         h = hashlib.blake2b(digest_size=16)
         for t in (self.sigma, self.sigma_fp8, self.fp8_scales, self.means):
             h.update(t.float().contiguous().numpy().tobytes())
-        for name, t in (("sigma_rel", self.sigma_rel), ("sigma_rel_fp8", self.sigma_rel_fp8)):
-            if t is not None:
+        for name, rel in (("sigma_rel", self.sigma_rel), ("sigma_rel_fp8", self.sigma_rel_fp8)):
+            if rel is not None:
                 h.update(name.encode())
-                h.update(t.float().contiguous().numpy().tobytes())
+                h.update(rel.float().contiguous().numpy().tobytes())
         for name in sorted(self.predictor_state):
             h.update(name.encode())
             h.update(self.predictor_state[name].float().contiguous().numpy().tobytes())
@@ -170,7 +170,7 @@ class Calibration:
         save_file(tensors, path, metadata={"speckv": json.dumps(self.metadata, sort_keys=True)})
 
     @classmethod
-    def load(cls, path: str, model: Any = None, predictor: Predictor | None = None) -> Calibration:
+    def load(cls, path: str, model: Any = None, predictor: AnyPredictor | None = None) -> Calibration:
         """Loads a calibration; with ``model`` (and ``predictor``), refuses one made for others."""
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -202,7 +202,7 @@ class Calibration:
             cal.check(model_fingerprint(model), predictor)
         return cal
 
-    def check(self, fingerprint: str, predictor: Predictor | None = None) -> None:
+    def check(self, fingerprint: str, predictor: AnyPredictor | None = None) -> None:
         if self.metadata.get("model_fingerprint") != fingerprint:
             raise CalibrationMismatchError(
                 "calibration was made for another model "
@@ -216,7 +216,7 @@ class Calibration:
 
 def calibrate(
     model: Any,
-    predictor: Predictor,
+    predictor: AnyPredictor,
     samples: Iterable[torch.Tensor],
     *,
     fingerprint: str,
@@ -261,10 +261,9 @@ def calibrate(
         for ids in iterator:
             truths.append(producer(model, ids))
             if not fits and not learns:
-                layerwise = is_layerwise(predictor)
                 whole.append(
                     walk(predictor.start(ids), truths[-1], _as_float)
-                    if layerwise
+                    if is_layerwise(predictor)
                     else _like(predictor.predict(ids), truths[-1])
                 )
             tokens += ids.numel()
@@ -279,8 +278,9 @@ def calibrate(
                 amax[layer, kv] = max(amax[layer, kv], t.double().abs().max().cpu())  # exact anywhere
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
     if learns:
-        predictor.fit_from_caches(truths)
-        whole = [_like(predictor.predict(ids), truth) for ids, truth in zip(samples, truths)]
+        learner: Any = predictor  # has fit_from_caches (above)
+        learner.fit_from_caches(truths)
+        whole = [_like(learner.predict(ids), truth) for ids, truth in zip(samples, truths)]
     if fits:
         preds = _fitted_predictions(predictor, samples, truths, scales, progress)
     else:
@@ -319,8 +319,8 @@ def calibrate(
                 mus["bf16"].append(p)
                 mus["fp8"].append(p8)
             if layer in joint_layers:
-                for v, fit in fits_joint.items():
-                    fit.add(layer, *errors[v], *mus[v])
+                for store, fit in fits_joint.items():
+                    fit.add(layer, *errors[store], *mus[store])
 
     def mean(stat: int) -> torch.Tensor:
         # one correctly rounded division of exact integers (Python's int / int)
@@ -329,14 +329,15 @@ def calibrate(
 
     sigma = mean(1).sqrt().float()
     sigma_fp8 = mean(2).sqrt().float()
-    sigma_rel = sigma_rel_fp8 = None
+    sigma_rel: torch.Tensor | None = None
+    sigma_rel_fp8: torch.Tensor | None = None
     if relative:
         sigma_rel, sigma_rel_fp8 = torch.zeros_like(sigma), torch.zeros_like(sigma)
-        for out_abs, out_rel, fit in ((sigma, sigma_rel, rel["bf16"]), (sigma_fp8, sigma_rel_fp8, rel["fp8"])):
-            a, r = fit.solve()
+        for out_abs, out_rel, rfit in ((sigma, sigma_rel, rel["bf16"]), (sigma_fp8, sigma_rel_fp8, rel["fp8"])):
+            a, r = rfit.solve()
             out_abs[: len(relative)] = a
             out_rel[: len(relative)] = r
-    metadata = {
+    metadata: dict[str, Any] = {
         "format": CALIBRATION_FORMAT,
         "model_fingerprint": fingerprint,
         "predictor": describe(predictor),

@@ -29,7 +29,7 @@ from .._speckv import CorruptStreamError, PredictionMismatchError
 from .cache import KV, build_cache, extract_kv
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise, walk
-from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor, describe, fixed_threads
+from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
 
 # Tokens per block of the container: what a reader can address (and what a prefix store
@@ -161,7 +161,7 @@ class SpeculativeCodec:
         self,
         model: Any,
         calibration: Calibration | None = None,
-        predictor: Predictor | None = None,
+        predictor: AnyPredictor | None = None,
         *,
         fingerprint: str | None = None,
         joint: bool | None = None,
@@ -177,7 +177,7 @@ class SpeculativeCodec:
         # "cuda" insists on the module (same bits either way: cuda/README.md)
         self.device = device
         self.model = model
-        self.predictor = predictor if predictor is not None else ModelPrefixPredictor(model)
+        self.predictor: AnyPredictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         # Code with the calibration's joint residual model where it has one (decoders follow
         # what the container says). Default: for whole-prompt predictors (the fp8 copy: 6% /
         # 9% fewer bits, the predictor dominates the restore anyway), not for layer-wise ones,
@@ -224,7 +224,7 @@ class SpeculativeCodec:
         self._calibration().save(path)
 
     @classmethod
-    def load(cls, path: str, model: Any, predictor: Predictor | None = None) -> SpeculativeCodec:
+    def load(cls, path: str, model: Any, predictor: AnyPredictor | None = None) -> SpeculativeCodec:
         """A codec from a saved calibration. Without ``predictor``, the one the calibration was
         made with is rebuilt from its recorded settings (built-in predictors only)."""
         calibration = Calibration.load(path)
@@ -277,8 +277,8 @@ class SpeculativeCodec:
                 mu = speckv_cuda.coding_mu(pred, fp8_scale)
                 return mu if on_device else mu.cpu()
             g = gain.to(pred.device)
-            heads = [speckv_cuda.coding_mu(pred[:, h : h + 1], fp8_scale, g[h]) for h in range(pred.shape[1])]
-            mu = torch.cat(heads, dim=1)
+            per_head = [speckv_cuda.coding_mu(pred[:, h : h + 1], fp8_scale, g[h]) for h in range(pred.shape[1])]
+            mu = torch.cat(per_head, dim=1)
             return mu if on_device else mu.cpu()
         pred = pred.cpu()
         mu = pred.float() / fp8_scale if fp8_scale is not None else pred.float()
@@ -298,7 +298,9 @@ class SpeculativeCodec:
         r = rel[layer, kv].float() if rel is not None and bool(rel[layer, kv].any()) else None
         return sigma[layer, kv].clamp(min=SIGMA_FLOOR), r
 
-    def _targets(self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor, joint=False):
+    def _targets(
+        self, mode: str, layer: int, kv: int, true: torch.Tensor | None, pred: torch.Tensor, joint: bool = False
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """(stored tensor or None, mu, sigma as floats) of one layer's K or V in `mode`, for
         measuring (ideal code lengths). What is coded uses ``_coding``'s integer codes: torch's
         vectorised float32 sqrt is not always correctly rounded, so floats computed here could
@@ -318,9 +320,9 @@ class SpeculativeCodec:
         kv: int,
         true: torch.Tensor | None,
         pred: torch.Tensor,
-        joint=False,
+        joint: bool = False,
         on_device: bool = False,
-    ):
+    ) -> tuple[torch.Tensor | None, torch.Tensor, Any]:
         """(stored tensor or None, mu, sigma codes) of one layer's K or V in `mode`: exactly
         what encoder and decoder code with, on any machine. ``on_device``: all three stay on
         the GPU the cache and prediction are on (for the GPU coder)."""
@@ -336,19 +338,19 @@ class SpeculativeCodec:
         steps (the same codes on every machine). ``on_device``: a tensor where ``mu`` is (the
         per-scalar codes from the CUDA module's kernel for a GPU's ``mu``, the same integers)."""
         s, r = self._sigma_parts(mode, layer, kv, joint)
-        if on_device and (r is None or not mu.is_cuda):  # per channel; or a host mu (tests)
-            return torch.from_numpy(self._sigma_codes(mode, layer, kv, mu, joint)).to(mu.device)
-        if on_device:
+        if on_device and r is not None and mu.is_cuda:
             parts = [
                 speckv_cuda.relative_sigma_codes(mu[:, h : h + 1], s[h].to(mu.device), r[h].to(mu.device))
                 for h in range(mu.shape[1])
             ]
             return torch.cat(parts, dim=1)
+        if on_device:  # per channel; or a host mu (tests)
+            return torch.from_numpy(self._sigma_codes(mode, layer, kv, mu, joint)).to(mu.device)
         if r is None:
             return _api.sigma_codes(s[None, :, None, :])
         _, h, t, d = mu.shape
-        flat = [np.ascontiguousarray(a.numpy()).reshape(-1) for a in (mu, s, r)]
-        return _speckv.relative_sigma_codes(*flat, h, t, d).reshape(mu.shape)
+        m, sf, rf = (np.ascontiguousarray(a.numpy()).reshape(-1) for a in (mu, s, r))
+        return _speckv.relative_sigma_codes(m, sf, rf, h, t, d).reshape(mu.shape)
 
     def _observed(self, mode: str, layer: int, which: int, stored: torch.Tensor) -> torch.Tensor:
         """What a layer-wise predictor observes of a stored tensor: its values in cache units
@@ -364,7 +366,7 @@ class SpeculativeCodec:
         dtype: str = "bf16",
         *,
         threads: int | None = None,
-        model: str = "exact",
+        model: _api.Model = "exact",
         block_size: int | None = None,
     ) -> bytes:
         """Compresses ``cache`` (the model's cache of ``input_ids``) stored as ``dtype``:
@@ -407,7 +409,7 @@ class SpeculativeCodec:
         dtype: str = "bf16",
         *,
         threads: int | None = None,
-        model: str = "exact",
+        model: _api.Model = "exact",
         block_size: int | None = None,
     ) -> bytes:
         """``compress`` with the predictor's output already computed (``prediction()``; for a
@@ -424,7 +426,7 @@ class SpeculativeCodec:
         prediction: KV,
         dtype: str,
         threads: int | None,
-        model: str,
+        model: _api.Model,
         block_size: int | None = None,
     ) -> bytes:
         cal = self._calibration()
@@ -458,7 +460,7 @@ class SpeculativeCodec:
                         threads,
                     )
                 )
-        metadata = {
+        metadata: dict[str, Any] = {
             "mode": dtype,
             "model": self.fingerprint,
             "calibration": cal.digest(),
@@ -480,7 +482,7 @@ class SpeculativeCodec:
         jobs: list[Any],
         layerwise: bool,
         threads: int | None,
-        model: str,
+        model: _api.Model,
         joint_mode: str | None,
         on_device: bool = False,
     ) -> list[bytes]:
@@ -739,7 +741,10 @@ class SpeculativeCodec:
                 blocks = [block(b, n) for b in range(len(c.blocks))]
             return [_join([blk[i] for blk in blocks]) for i in range(stop - first)]
 
-        run = run if run is not None else self.predictor.start(input_ids)
+        if run is None:
+            predictor = self.predictor
+            assert is_layerwise(predictor)  # only layer-wise predictors' streams are walked
+            run = predictor.start(input_ids)
         quiet = contextlib.ExitStack()
         try:
             start = 0

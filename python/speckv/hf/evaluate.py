@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,6 +86,30 @@ def _timed(repeat: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tu
     return out, best
 
 
+@dataclass
+class _Totals:
+    """One storage mode's sums over the prompts (per layer and K/V where a tensor)."""
+
+    coded_bits: torch.Tensor
+    ideal_bits: torch.Tensor
+    scalars: torch.Tensor
+    bytes: int = 0
+    zstd_bits: float | None = 0.0  # None once a prompt had no zstd figure
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    predict_s: float = 0.0
+    restore_s: float = 0.0
+    raw_bytes: int = 0
+    exact: bool = True
+
+    @classmethod
+    def zeros(cls, n_layers: int) -> _Totals:
+        def z() -> torch.Tensor:
+            return torch.zeros(n_layers, 2, dtype=torch.float64)
+
+        return cls(coded_bits=z(), ideal_bits=z(), scalars=z())
+
+
 def evaluate(
     codec: SpeculativeCodec,
     prompts: list[torch.Tensor],
@@ -108,22 +133,7 @@ def evaluate(
     n_layers = cal.n_layers
     result: dict[str, Any] = {"prompts": len(prompts), "tokens": sum(p.numel() for p in prompts), "modes": {}}
     timing = {"prefill_s": 0.0, "predict_s": 0.0}
-    per_mode = {
-        m: {
-            "coded_bits": torch.zeros(n_layers, 2, dtype=torch.float64),
-            "ideal_bits": torch.zeros(n_layers, 2, dtype=torch.float64),
-            "scalars": torch.zeros(n_layers, 2, dtype=torch.float64),
-            "bytes": 0,
-            "zstd_bits": 0.0,
-            "encode_s": 0.0,
-            "decode_s": 0.0,
-            "predict_s": 0.0,
-            "restore_s": 0.0,
-            "raw_bytes": 0,
-            "exact": True,
-        }
-        for m in modes
-    }
+    per_mode = {m: _Totals.zeros(n_layers) for m in modes}
     iterator: Any = prompts
     if progress:
         from tqdm.auto import tqdm
@@ -134,8 +144,9 @@ def evaluate(
         timing["prefill_s"] += t
         true = own if producer is None else producer(codec.model, ids)
         whole = None
-        if not layerwise:
-            whole, t = _timed(repeat, codec.predictor.predict, ids)
+        predictor = codec.predictor
+        if not is_layerwise(predictor):
+            whole, t = _timed(repeat, predictor.predict, ids)
             timing["predict_s"] += t
         for mode in modes:
             acc = per_mode[mode]
@@ -145,17 +156,17 @@ def evaluate(
                 repeat, codec.decompress, data, ids, threads=threads, dequantize=False, prediction=whole
             )
             back = extract_kv(restored)
-            acc["encode_s"] += t_enc
-            acc["restore_s"] += t_dec
+            acc.encode_s += t_enc
+            acc.restore_s += t_dec
             if layerwise:
                 # the walk runs the predictor inside decompress: restore is all of it, and the
                 # decode's share is what remains after the predictor's own walk
-                acc["predict_s"] += t_pred
-                acc["decode_s"] += max(t_dec - t_pred, 0.0)
+                acc.predict_s += t_pred
+                acc.decode_s += max(t_dec - t_pred, 0.0)
             else:
-                acc["decode_s"] += t_dec
-            acc["bytes"] += len(data)
-            acc["raw_bytes"] += sum(t.numel() * (1 if mode == "fp8" else 2) for pair in true for t in pair)
+                acc.decode_s += t_dec
+            acc.bytes += len(data)
+            acc.raw_bytes += sum(t.numel() * (1 if mode == "fp8" else 2) for pair in true for t in pair)
             c = codec.read_header(data)
             # (stored tensor, mu, sigma) of every layer's K and V, as the codec coded them
             targets = {
@@ -192,52 +203,52 @@ def evaluate(
             for layer in range(n_layers):
                 for which in (0, 1):
                     stored, mu, sigma = targets[layer, which]
+                    assert stored is not None  # _targets was given the true tensor
                     stored_all.append(stored)
                     got = back[layer][which]
                     word = torch.int16 if stored.element_size() == 2 else torch.uint8
-                    acc["exact"] &= bool(torch.equal(stored.view(word), got.view(word)))
-                    acc["ideal_bits"][layer, which] += reference_ideal_bits(stored, mu, sigma)
-                    acc["coded_bits"][layer, which] += layer_bits[layer, which]
-                    acc["scalars"][layer, which] += stored.numel()
+                    acc.exact &= bool(torch.equal(stored.view(word), got.view(word)))
+                    acc.ideal_bits[layer, which] += reference_ideal_bits(stored, mu, sigma)
+                    acc.coded_bits[layer, which] += layer_bits[layer, which]
+                    acc.scalars[layer, which] += stored.numel()
             z = _zstd_bits(stored_all)
-            acc["zstd_bits"] = None if z is None or acc["zstd_bits"] is None else acc["zstd_bits"] + z
+            acc.zstd_bits = None if z is None or acc.zstd_bits is None else acc.zstd_bits + z
     for mode, acc in per_mode.items():
-        scalars = float(acc["scalars"].sum())
+        scalars = float(acc.scalars.sum())
         raw_bits = 16.0 if mode != "fp8" else 8.0
-        out = {
-            "exact_round_trip": acc["exact"],
+        out: dict[str, Any] = {
+            "exact_round_trip": acc.exact,
             "bits_per_scalar": {
-                "K": float(acc["coded_bits"][:, 0].sum() / acc["scalars"][:, 0].sum()),
-                "V": float(acc["coded_bits"][:, 1].sum() / acc["scalars"][:, 1].sum()),
-                "all": float(acc["coded_bits"].sum()) / scalars,
-                "with_container": acc["bytes"] * 8.0 / scalars,
+                "K": float(acc.coded_bits[:, 0].sum() / acc.scalars[:, 0].sum()),
+                "V": float(acc.coded_bits[:, 1].sum() / acc.scalars[:, 1].sum()),
+                "all": float(acc.coded_bits.sum()) / scalars,
+                "with_container": acc.bytes * 8.0 / scalars,
             },
-            "reference_ideal_bits_per_scalar": float(acc["ideal_bits"].sum()) / scalars,
+            "reference_ideal_bits_per_scalar": float(acc.ideal_bits.sum()) / scalars,
             # the whole container (headers included) against the reference ideal
-            "coded_over_reference_ideal": acc["bytes"] * 8.0 / float(acc["ideal_bits"].sum()),
-            "zstd19_bits_per_scalar": None if acc["zstd_bits"] is None else acc["zstd_bits"] / scalars,
-            "ratio_vs_raw": raw_bits * scalars / (acc["bytes"] * 8.0),
-            "encode_s": acc["encode_s"],
-            "decode_s": acc["decode_s"],
-            "encode_msym_per_s": scalars / acc["encode_s"] / 1e6,
+            "coded_over_reference_ideal": acc.bytes * 8.0 / float(acc.ideal_bits.sum()),
+            "zstd19_bits_per_scalar": None if acc.zstd_bits is None else acc.zstd_bits / scalars,
+            "ratio_vs_raw": raw_bits * scalars / (acc.bytes * 8.0),
+            "encode_s": acc.encode_s,
+            "decode_s": acc.decode_s,
+            "encode_msym_per_s": scalars / acc.encode_s / 1e6,
             # a layer-wise predictor's decode share is restore minus its walk: may round to 0
-            "decode_msym_per_s": scalars / acc["decode_s"] / 1e6 if acc["decode_s"] > 0 else None,
-            "codec_speedup_over_prefill": timing["prefill_s"] / (acc["encode_s"] + acc["decode_s"]),
+            "decode_msym_per_s": scalars / acc.decode_s / 1e6 if acc.decode_s > 0 else None,
+            "codec_speedup_over_prefill": timing["prefill_s"] / (acc.encode_s + acc.decode_s),
             # restore = predictor + decode (a layer-wise predictor: decompress, all of it)
-            "restore_over_prefill": (acc["restore_s"] + (0.0 if layerwise else timing["predict_s"]))
-            / timing["prefill_s"],
-            "predict_over_prefill": (acc["predict_s"] if layerwise else timing["predict_s"]) / timing["prefill_s"],
-            "decode_over_prefill": acc["decode_s"] / timing["prefill_s"],
-            "raw_bytes": acc["raw_bytes"],
-            "bytes": acc["bytes"],
+            "restore_over_prefill": (acc.restore_s + (0.0 if layerwise else timing["predict_s"])) / timing["prefill_s"],
+            "predict_over_prefill": (acc.predict_s if layerwise else timing["predict_s"]) / timing["prefill_s"],
+            "decode_over_prefill": acc.decode_s / timing["prefill_s"],
+            "raw_bytes": acc.raw_bytes,
+            "bytes": acc.bytes,
             "prefill_s": timing["prefill_s"],
             "per_layer": [
                 {
                     "layer": layer,
-                    "K": float(acc["coded_bits"][layer, 0] / acc["scalars"][layer, 0]),
-                    "V": float(acc["coded_bits"][layer, 1] / acc["scalars"][layer, 1]),
-                    "K_ideal": float(acc["ideal_bits"][layer, 0] / acc["scalars"][layer, 0]),
-                    "V_ideal": float(acc["ideal_bits"][layer, 1] / acc["scalars"][layer, 1]),
+                    "K": float(acc.coded_bits[layer, 0] / acc.scalars[layer, 0]),
+                    "V": float(acc.coded_bits[layer, 1] / acc.scalars[layer, 1]),
+                    "K_ideal": float(acc.ideal_bits[layer, 0] / acc.scalars[layer, 0]),
+                    "V_ideal": float(acc.ideal_bits[layer, 1] / acc.scalars[layer, 1]),
                 }
                 for layer in range(n_layers)
             ],
@@ -246,7 +257,7 @@ def evaluate(
             out["zstd19_over_coded"] = out["zstd19_bits_per_scalar"] / out["bits_per_scalar"]["with_container"]
         result["modes"][mode] = out
     if layerwise:
-        timing["predict_s"] = sum(acc["predict_s"] for acc in per_mode.values()) / max(len(per_mode), 1)
+        timing["predict_s"] = sum(acc.predict_s for acc in per_mode.values()) / max(len(per_mode), 1)
     result["timing"] = {**timing, "predictor_cost_over_prefill": timing["predict_s"] / timing["prefill_s"]}
     return result
 

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from .cache import KV
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 
 @runtime_checkable
@@ -63,7 +66,7 @@ class WholeRun:
         pass
 
 
-def is_layerwise(predictor: Any) -> bool:
+def is_layerwise(predictor: object) -> TypeIs[LayerwisePredictor]:
     return callable(getattr(predictor, "start", None))
 
 

@@ -14,11 +14,12 @@ import contextlib
 import copy
 import os
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 
 from .cache import KV, prefill
+from .layerwise import LayerwisePredictor
 
 FP8_MAX = 448.0
 
@@ -34,7 +35,12 @@ class Predictor(Protocol):
     def predict(self, input_ids: torch.Tensor) -> KV: ...
 
 
-def describe(predictor: Predictor) -> dict[str, Any]:
+# What the codec, calibration and stores accept: a whole-prompt predictor or a layer-wise one
+# (``speckv.hf.layerwise``), told apart by ``is_layerwise``.
+AnyPredictor = Union[Predictor, LayerwisePredictor]
+
+
+def describe(predictor: object) -> dict[str, Any]:
     """``predictor.describe()``, or its class name for predictors that do not say more."""
     method = getattr(predictor, "describe", None)
     if callable(method):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -99,7 +99,11 @@ def layers_for_budget(
     for _ in range(max(1, repeat)):
         marks: list[float] = []  # when each layer's cache was written
         start = time.perf_counter()
-        whole.prefix(input_ids, lambda layer, k, v, marks=marks: marks.append(time.perf_counter()))
+
+        def mark(layer: int, k: torch.Tensor, v: torch.Tensor, marks: list[float] = marks) -> None:
+            marks.append(time.perf_counter())
+
+        whole.prefix(input_ids, mark)
         forward = [min(a, t - start) for a, t in zip(forward, marks)]
     # one layer of K (V alike): decode, alone and in bulk, and the maps' products
     k = full[0][0]
@@ -148,7 +152,11 @@ def _observing_cache(config: Any, stop_after: int, sink: Callable[[int, torch.Te
     from transformers import DynamicCache
 
     class ObservingCache(DynamicCache):
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any):
+        sink: Callable[[int, torch.Tensor, torch.Tensor], None]
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             out = super().update(key_states, value_states, layer_idx, *args, **kw)
             self.sink(layer_idx, key_states, value_states)
             if layer_idx + 1 >= stop_after:
@@ -180,7 +188,8 @@ class Rope:
     def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0) -> None:
         inner = getattr(model, "model", model)
         rotary = getattr(inner, "rotary_emb", None)
-        self.cos = self.sin = None
+        self.cos: torch.Tensor | None = None
+        self.sin: torch.Tensor | None = None
         if rotary is None:
             return
         positions = torch.arange(start, start + seq)[None, :]
@@ -198,12 +207,12 @@ class Rope:
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
     def unrope(self, k: torch.Tensor) -> torch.Tensor:
-        if self.cos is None:
+        if self.cos is None or self.sin is None:
             return k
         return k * self.cos - self._half(k) * self.sin
 
     def rope(self, u: torch.Tensor) -> torch.Tensor:
-        if self.cos is None:
+        if self.cos is None or self.sin is None:
             return u
         return u * self.cos + self._half(u) * self.sin
 
@@ -343,7 +352,9 @@ class ModelPrefixPredictor:
         self._joint(layer)
         return self._joint_maps[layer][2]
 
-    def map_predict(self, layer: int, which: int, observed: Observed, rope: Rope, shape, scratch: dict) -> torch.Tensor:
+    def map_predict(
+        self, layer: int, which: int, observed: Observed, rope: Rope, shape: tuple[int, ...], scratch: dict[int, torch.Tensor]
+    ) -> torch.Tensor:
         """The map's prediction of (layer, which) from the observed tensors. K's turn leaves
         V's partial sum in ``scratch``. The products run in bfloat16 (float32 accumulation):
         ~3x faster than float32 on CPUs with bf16 matmuls, and the rounding of the prediction
@@ -416,22 +427,22 @@ class ModelPrefixPredictor:
         return oof
 
 
-def _ridge_fit(xs: list[torch.Tensor], ys: list[torch.Tensor], folds: list[list[int]]):
+def _ridge_fit(
+    xs: list[torch.Tensor], ys: list[torch.Tensor], folds: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Ridge regression of ys on xs (lists per prompt, float32) with a bias. The strength is
     picked from RIDGE_GRID by out-of-fold squared error over ``folds`` (lists of prompt
     indices); returns the fit on everything and, per fold, the fit without it."""
     # sums per fold, in float64: x'x, x'y, x, y, count
-    stats = []
+    stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
     for members in folds:
         x = torch.cat([xs[p] for p in members]).double()
         y = torch.cat([ys[p] for p in members]).double()
         stats.append((x.T @ x, x.T @ y, x.sum(0), y.sum(0), x.shape[0]))
 
     def solve(parts: list[int], alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-        xx = sum(stats[i][0] for i in parts)
-        xy = sum(stats[i][1] for i in parts)
-        sx = sum(stats[i][2] for i in parts)
-        sy = sum(stats[i][3] for i in parts)
+        # Python's sum, in fold order (the calibration's maps depend on the order of additions)
+        xx, xy, sx, sy = (cast(torch.Tensor, sum(stats[i][j] for i in parts)) for j in range(4))
         count = sum(stats[i][4] for i in parts)
         mx, my = sx / count, sy / count
         cov = xx - count * torch.outer(mx, mx)
@@ -445,7 +456,7 @@ def _ridge_fit(xs: list[torch.Tensor], ys: list[torch.Tensor], folds: list[list[
     if len(folds) < 2:
         w, b = solve(everything, RIDGE_GRID[2])
         return w, b, [(w, b)]
-    best = None
+    best: tuple[float, float, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
     for alpha in RIDGE_GRID:
         fits = [solve([j for j in everything if j != i], alpha) for i in everything]
         err = 0.0
@@ -454,6 +465,7 @@ def _ridge_fit(xs: list[torch.Tensor], ys: list[torch.Tensor], folds: list[list[
                 err += float(((torch.addmm(b, xs[p], w) - ys[p]) ** 2).sum())
         if best is None or err < best[0]:
             best = (err, alpha, fits)
+    assert best is not None  # RIDGE_GRID is not empty
     _, alpha, fits = best
     w, b = solve(everything, alpha)
     return w, b, fits
@@ -507,7 +519,7 @@ class _PrefixRun:
         self.thread.join()
         if self.error is not None and not isinstance(self.error, _Stop):
             raise RuntimeError("the model's prefix failed") from self.error
-        if self.rope is None:
+        if self.rope is None or self.shape is None:  # set together, on the first map
             k = self.made[0][0]
             self.shape = tuple(k.shape)
             self.rope = Rope(self.p.model, k.shape[2], k.shape[3], start=self.offset)

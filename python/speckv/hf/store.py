@@ -62,6 +62,7 @@ class PrefixStore:
         if block_size < 1:
             raise ValueError(f"block_size: must be at least 1, got {block_size}")
         self.codec = codec
+        self._predictor = codec.predictor  # walks the blocks in order, carrying its state
         self.backend = backend
         self.block_size = int(block_size)
         self.dtype = dtype
@@ -100,7 +101,7 @@ class PrefixStore:
         seq = kv[0][0].shape[2]
         if seq < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
-        predictor = self.codec.predictor
+        predictor = self._predictor
         state = PrefixState()
         parent = None
         new = 0
@@ -146,7 +147,7 @@ class PrefixStore:
         the prefix there (counted in ``stats``); the blocks before it are still served."""
         target = _restore_device(device, input_ids)
         ids = _ids(input_ids)
-        predictor = self.codec.predictor
+        predictor = self._predictor
         state = PrefixState()
         blocks: list[dict[int, tuple[Any, Any]]] = []
         for b, key in enumerate(self.keys(ids)):
@@ -169,10 +170,11 @@ class PrefixStore:
         if not blocks:
             return None, 0
         n_layers = len(blocks[0])
-        kv = [
-            tuple(torch.cat([blk[layer][w] for blk in blocks], dim=2).to(target) for w in (0, 1))
-            for layer in range(n_layers)
-        ]
+
+        def joined(layer: int, which: int) -> torch.Tensor:
+            return torch.cat([blk[layer][which] for blk in blocks], dim=2).to(target)
+
+        kv = [(joined(layer, 0), joined(layer, 1)) for layer in range(n_layers)]
         if self.dtype == "fp8" and dequantize:
             scales = self.codec._calibration().fp8_scales
             kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]

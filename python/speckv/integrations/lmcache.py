@@ -123,7 +123,8 @@ def fit_stats(caches: list[Any], path: str | None = None) -> dict[str, np.ndarra
     """Per-channel ``mean`` and ``std`` (``[2, layers, 1, hidden]``) of model caches (lists of
     per-layer ``(K, V)`` ``[batch, heads, tokens, dim]`` tensors), saved to ``path`` if given."""
 
-    sums = sq = None
+    sums: Any = None
+    sq: Any = None
     count = 0
     for kv in caches:
         stacked = chunk_of(kv).double()
@@ -131,7 +132,7 @@ def fit_stats(caches: list[Any], path: str | None = None) -> dict[str, np.ndarra
         sums = s if sums is None else sums + s
         sq = q if sq is None else sq + q
         count += stacked.shape[2]
-    if sums is None:
+    if sums is None or sq is None:
         raise ValueError("caches: at least one cache is needed")
     mean = sums / count
     std = (sq / count - mean**2).clamp(min=1e-12).sqrt()
