@@ -112,10 +112,33 @@ def test_directory_backend_persists_and_lists(tmp_path):
     assert again.get(key(1)) is None
 
 
+def test_directory_backend_syncs_what_an_entry_needs(tmp_path, monkeypatch):
+    """An acknowledged entry survives a crash only if its file, its name and its folder's name
+    are on disk: put syncs the file, its folder, and the store's folder when it made a folder."""
+    import speckv.store as store_module
+
+    synced: list[str] = []
+    real_sync = store_module._sync_dir
+    monkeypatch.setattr(store_module, "_sync_dir", lambda p: (synced.append(str(p)), real_sync(p)))
+    b = DirectoryBackend(tmp_path / "store")
+    k = key(0)
+    assert b.put(k, pack_entry(b"v"))
+    assert synced == [str(tmp_path / "store"), str(tmp_path / "store" / k[:2])]
+    synced.clear()
+    other = next(key(i) for i in range(1, 1000) if key(i)[:2] == k[:2])  # same folder
+    assert b.put(other, pack_entry(b"w"))
+    assert synced == [str(tmp_path / "store" / k[:2])]
+
+
 KILLED_WRITER = """
-import os, signal, sys
+import os, signal, stat, sys
 from speckv.store import DirectoryBackend
-os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)   # dies before the rename
+real_fsync = os.fsync
+def fsync(fd):
+    if stat.S_ISREG(os.fstat(fd).st_mode):  # the entry's file is written: die before the rename
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_fsync(fd)
+os.fsync = fsync
 DirectoryBackend(sys.argv[1]).put(sys.argv[2], b"x" * 100000)
 """
 

@@ -245,7 +245,11 @@ class DirectoryBackend:
         if final.exists():
             return False
         try:
-            final.parent.mkdir(exist_ok=True)
+            if not final.parent.is_dir():
+                final.parent.mkdir(exist_ok=True)
+                # the new folder's own name must be on disk too, or a crash could lose it and
+                # every entry acknowledged in it
+                _sync_dir(self.path)
             fd, tmp = tempfile.mkstemp(prefix=self.TMP_PREFIX + key + "-", dir=final.parent)
             try:
                 with os.fdopen(fd, "wb") as f:

@@ -353,7 +353,13 @@ class ModelPrefixPredictor:
         return self._joint_maps[layer][2]
 
     def map_predict(
-        self, layer: int, which: int, observed: Observed, rope: Rope, shape: tuple[int, ...], scratch: dict[int, torch.Tensor]
+        self,
+        layer: int,
+        which: int,
+        observed: Observed,
+        rope: Rope,
+        shape: tuple[int, ...],
+        scratch: dict[int, torch.Tensor],
     ) -> torch.Tensor:
         """The map's prediction of (layer, which) from the observed tensors. K's turn leaves
         V's partial sum in ``scratch``. The products run in bfloat16 (float32 accumulation):
