@@ -113,14 +113,17 @@ def test_directory_backend_persists_and_lists(tmp_path):
 
 
 def test_directory_backend_syncs_what_an_entry_needs(tmp_path, monkeypatch):
-    """An acknowledged entry survives a crash only if its file, its name and its folder's name
-    are on disk: put syncs the file, its folder, and the store's folder when it made a folder."""
+    """An acknowledged entry survives a crash only if its file, its name and its folders' names
+    are on disk: put syncs the file, its folder, and the store's folder when it made a folder;
+    a new store syncs the folder it was made in."""
     import speckv.store as store_module
 
     synced: list[str] = []
     real_sync = store_module._sync_dir
     monkeypatch.setattr(store_module, "_sync_dir", lambda p: (synced.append(str(p)), real_sync(p)))
     b = DirectoryBackend(tmp_path / "store")
+    assert synced == [str(tmp_path)]
+    synced.clear()
     k = key(0)
     assert b.put(k, pack_entry(b"v"))
     assert synced == [str(tmp_path / "store"), str(tmp_path / "store" / k[:2])]

@@ -221,7 +221,9 @@ class DirectoryBackend:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            if not self.path.is_dir():
+                self.path.mkdir(parents=True, exist_ok=True)
+                _sync_dir(self.path.parent)  # the store's own name, as for its folders (put)
         except OSError as e:
             raise StoreError(f"{self.path}: {e}") from None
 
