@@ -69,6 +69,15 @@ class HostModule:
         kernel = getattr(self.lib, f"host_{name}")
         kernel.argtypes = kinds = self.signatures[name]
         assert len(args) == len(kinds), name
+        # The driver reads each parameter's bytes from its array, as the kernel declares it
+        # (test_the_host_signatures_are_the_kernels_parameters): a wrong width or a float's
+        # bits given as an integer would be read wrongly there, so they fail here too.
+        for i, (k, a) in enumerate(zip(kinds, args)):
+            assert a.nbytes == ctypes.sizeof(k), (
+                f"{name} parameter {i}: {a.nbytes} bytes, the kernel reads {ctypes.sizeof(k)}"
+            )
+            if k in (ctypes.c_float, ctypes.c_double):
+                assert a.dtype.kind == "f", f"{name} parameter {i}: a float given as {a.dtype}"
         structs = (speckv.cuda.ExactTables, speckv.cuda.JointModel)
         values = [k.from_buffer_copy(a.tobytes()) if k in structs else a.item() for k, a in zip(kinds, args)]
         self.launches.append((name, n, block))

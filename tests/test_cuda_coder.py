@@ -398,3 +398,35 @@ def test_assemble_refuses_what_does_not_fit():
             np.zeros(1, np.uint64),
             joint=(2, 5, 0, joint[3], np.zeros(3, np.float32), joint[5]),
         )
+
+
+def test_the_host_signatures_are_the_kernels_parameters(host_gpu, tmp_path, monkeypatch):
+    """What the host build checks of every launch's arguments (each array as many bytes as the
+    parameter, floats as floats: ``HostModule.launch``) holds for the GPU only if its
+    signatures are the compiled kernels': each parameter's width, kind and a struct's size and
+    alignment, read from NVRTC's PTX, equal the ctypes mirror's."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="no cuda-bindings (PyTorch's CUDA wheels install it)")
+    import re
+
+    monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
+    try:
+        ptx = {p: speckv.cuda.compile_kernels("compute_90", program=p).decode() for p in speckv.cuda.PROGRAMS}
+    except speckv.cuda.CudaUnavailableError as e:
+        pytest.skip(f"NVRTC cannot run here: {e}")
+    floats = {ctypes.c_float: "f32", ctypes.c_double: "f64"}
+    for program, kernels in speckv.cuda.PROGRAMS.items():
+        for kernel in kernels:
+            params = re.search(rf"\.entry {kernel}\((.*?)\)", ptx[program], re.S).group(1)
+            declared = re.findall(r"\.param\s+(?:\.align (\d+) \.b8 \w+\[(\d+)\]|\.(\w+) \w+)", params)
+            mirror = host_gpu.signatures[kernel]
+            assert len(declared) == len(mirror), kernel
+            for i, ((align, size, kind), k) in enumerate(zip(declared, mirror)):
+                where = f"{kernel} parameter {i}"
+                if size:  # a struct passed by value
+                    assert issubclass(k, ctypes.Structure), where
+                    assert (int(size), int(align)) == (ctypes.sizeof(k), ctypes.alignment(k)), where
+                elif k in floats:
+                    assert kind == floats[k], where
+                else:  # pointers and integers
+                    assert kind in ("u32", "u64", "s32", "s64"), where
+                    assert int(kind[1:]) == 8 * ctypes.sizeof(k), where
