@@ -42,7 +42,7 @@ uint64_t speckv_xxh3(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
 
 // The kernels of speckv_coder.cu with the same parameters, each running its items in a loop
 // instead of a grid: python/speckv/cuda.py's encode drives them in the tests exactly as it
-// drives the GPU (tests/test_cuda_coder.py: a module whose launches call these).
+// drives the GPU (tests/conftest.py: a CUDA driver stand-in whose cuLaunchKernel calls these).
 // The kernels of speckv_params.cu with the same parameters (items in a loop).
 void host_speckv_sigma_codes(const float* sigma, int16_t* out, unsigned long long n) {
     for (unsigned long long i = 0; i < n; ++i) out[i] = speckv::sigma_code(sigma[i]);

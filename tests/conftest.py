@@ -40,12 +40,37 @@ def cuda_host(tmp_path_factory):
     return lib
 
 
-class HostModule:
-    """``speckv.cuda._Module`` with the host build of the kernels: ``launch`` calls
-    ``host_<kernel>`` of ``cuda/host_shim.cpp`` (the kernels' per-item code in a loop) with the
-    arguments ``speckv.cuda.encode`` gives the GPU, so the tests drive encode's own steps."""
+class HostDriver:
+    """``cuda.bindings.driver`` as ``speckv.cuda._Module.launch`` calls it, running kernels on
+    the host build: ``cuLaunchKernel`` reads ``kernelParams`` as the CUDA driver does (an array
+    of pointers, each to one parameter's bytes, as many as the compiled kernel declares:
+    ``test_the_host_signatures_are_the_kernels_parameters``) and calls ``host_<kernel>`` of
+    ``cuda/host_shim.cpp`` (the kernel's per-item code in a loop) with those values."""
 
-    def __init__(self, lib):
+    def __init__(self, lib, signatures):
+        self.lib, self.signatures = lib, signatures
+
+    def CUstream(self, stream):
+        return stream
+
+    def cuLaunchKernel(self, name, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert (gy, gz, by, bz, shared, extra) == (1, 1, 1, 1, 0, 0), name
+        assert 1 <= gx <= speckv.cuda.MAX_BLOCKS and 1 <= bx <= 1024, (name, gx, bx)
+        kinds = self.signatures[name]
+        pointers = (ctypes.c_void_p * len(kinds)).from_address(params)
+        values = [k.from_buffer_copy(ctypes.string_at(p, ctypes.sizeof(k))) for k, p in zip(kinds, pointers)]
+        kernel = getattr(self.lib, f"host_{name}")
+        kernel.argtypes = kinds
+        kernel(*values)
+        return (0,)  # CUDA_SUCCESS
+
+
+class HostModule(speckv.cuda._Module):
+    """``speckv.cuda._Module`` with the host build of the kernels behind a ``HostDriver``: the
+    tests drive ``speckv.cuda``'s own steps and its own ``launch`` (arguments packed as the
+    driver takes them) down to the CUDA driver's interface."""
+
+    def __init__(self, lib):  # no GPU: nothing of _Module's loading
         p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.cuda.ExactTables
         f32, i32 = ctypes.c_float, ctypes.c_int
         self.signatures = {
@@ -63,25 +88,23 @@ class HostModule:
             "speckv_channel_sums": [p, p, p, p, ctypes.c_double, u64, u64, u64, u64, u64, p, u64],
         }
         assert set(self.signatures) == {k for kernels in speckv.cuda.PROGRAMS.values() for k in kernels}
-        self.lib, self.tables, self.launches = lib, {}, []
+        self.driver = HostDriver(lib, self.signatures)
+        self.kernels = {name: name for name in self.signatures}
+        self.tables, self.launches = {}, []
 
     def launch(self, name, n, args, stream, block=speckv.cuda.BLOCK):
-        kernel = getattr(self.lib, f"host_{name}")
-        kernel.argtypes = kinds = self.signatures[name]
+        kinds = self.signatures[name]
         assert len(args) == len(kinds), name
-        # The driver reads each parameter's bytes from its array, as the kernel declares it
-        # (test_the_host_signatures_are_the_kernels_parameters): a wrong width or a float's
-        # bits given as an integer would be read wrongly there, so they fail here too.
+        # The driver reads each parameter's bytes from its array, as the kernel declares it: a
+        # wrong width or a float's bits given as an integer would be read wrongly on a GPU
         for i, (k, a) in enumerate(zip(kinds, args)):
             assert a.nbytes == ctypes.sizeof(k), (
                 f"{name} parameter {i}: {a.nbytes} bytes, the kernel reads {ctypes.sizeof(k)}"
             )
             if k in (ctypes.c_float, ctypes.c_double):
                 assert a.dtype.kind == "f", f"{name} parameter {i}: a float given as {a.dtype}"
-        structs = (speckv.cuda.ExactTables, speckv.cuda.JointModel)
-        values = [k.from_buffer_copy(a.tobytes()) if k in structs else a.item() for k, a in zip(kinds, args)]
         self.launches.append((name, n, block))
-        kernel(*values)
+        super().launch(name, n, args, stream, block)
 
 
 @pytest.fixture
