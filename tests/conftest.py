@@ -2,6 +2,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,13 +48,24 @@ class HostDriver:
     ``test_the_host_signatures_are_the_kernels_parameters``) and calls ``host_<kernel>`` of
     ``cuda/host_shim.cpp`` (the kernel's per-item code in a loop) with those values."""
 
+    CONTEXT = 0x5BEC  # the device's primary context (a handle, as the driver's are)
+
     def __init__(self, lib, signatures):
         self.lib, self.signatures = lib, signatures
+        self.current = threading.local()  # each thread's current context, as in the driver
 
     def CUstream(self, stream):
         return stream
 
+    def cuCtxGetCurrent(self):
+        return (0, getattr(self.current, "context", 0))
+
+    def cuCtxSetCurrent(self, context):
+        self.current.context = int(context)
+        return (0,)
+
     def cuLaunchKernel(self, name, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert self.cuCtxGetCurrent()[1] == self.CONTEXT, f"{name}: launched with no current context"
         assert (gy, gz, by, bz, shared, extra) == (1, 1, 1, 1, 0, 0), name
         assert 1 <= gx <= speckv.cuda.MAX_BLOCKS and 1 <= bx <= 1024, (name, gx, bx)
         kinds = self.signatures[name]
@@ -89,6 +101,7 @@ class HostModule(speckv.cuda._Module):
         }
         assert set(self.signatures) == {k for kernels in speckv.cuda.PROGRAMS.values() for k in kernels}
         self.driver = HostDriver(lib, self.signatures)
+        self.context = HostDriver.CONTEXT
         self.kernels = {name: name for name in self.signatures}
         self.tables, self.launches = {}, []
 

@@ -126,6 +126,21 @@ def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
     assert _host_encode(*args) == _want(*args)
 
 
+def test_host_build_codes_from_any_thread(host_gpu):
+    """The driver launches into the calling thread's current context, and a worker thread has
+    none: every launch binds the module's context first (the stand-in driver refuses a launch
+    without it), so threads that never touched CUDA code the same bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(8)
+    mu = (rng.standard_normal(3000) * 2).astype(np.float32)
+    x = (mu + 0.05 * rng.standard_normal(3000).astype(np.float32)).astype(ml_dtypes.bfloat16)
+    codes = np.full(3000, -35, np.int16)
+    want = _want(x, mu, codes, 1024)
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(lambda _: _host_encode(x, mu, codes, 1024), range(3))) == [want] * 3
+
+
 def _joint_case(name: str, layers: int, channels: int, tokens: int, outside: int, seed: int):
     """A channel-major stream of whole layers with a joint model: lower-triangular
     coefficients with exact zeros, one layer all zero (coded plainly, J2), outside residuals,

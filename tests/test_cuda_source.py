@@ -149,6 +149,56 @@ def test_nvrtc_compiles_the_kernels_without_a_gpu(tmp_path, monkeypatch):
         speckv.cuda.compile_kernels(program="speckv_xxh3.cuh")
 
 
+def test_loading_calls_the_driver_api_with_nvrtcs_cubins(tmp_path, monkeypatch):
+    """``_Module``'s loading, up to the GPU, against a stand-in for ``cuda.bindings.driver``
+    (no GPU): every call it makes is a function that module has, the device's primary
+    context is retained and bound before anything loads, each program is an NVRTC cubin for
+    the device's architecture, and each kernel is looked up by its name."""
+    real = pytest.importorskip("cuda.bindings.driver", reason="no cuda-bindings (PyTorch's CUDA wheels install it)")
+    import contextlib
+
+    import cuda.bindings
+    import torch
+
+    calls: list[tuple[str, tuple]] = []
+    results = {
+        "cuDeviceGet": lambda device: (0, 100 + device),
+        "cuDevicePrimaryCtxRetain": lambda dev: (0, 0x5BEC),
+        "cuCtxGetCurrent": lambda: (0, 0),
+        "cuModuleLoadData": lambda image: (0, "module"),
+        "cuModuleGetFunction": lambda module, name: (0, name),
+    }
+
+    class Driver:
+        def __getattr__(self, name):
+            assert hasattr(real, name), f"cuda.bindings.driver has no {name}"
+
+            def call(*args):
+                calls.append((name, args))
+                return results[name](*args) if name in results else (0,)
+
+            return call
+
+    monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cuda.bindings, "driver", Driver())
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    try:
+        speckv.cuda.compile_kernels("sm_90")
+    except speckv.cuda.CudaUnavailableError as e:
+        pytest.skip(f"NVRTC cannot run here: {e}")
+    module = speckv.cuda._Module(1)
+    names = [name for name, _ in calls]
+    assert names[:5] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent"]
+    assert calls[1][1] == (1,) and calls[2][1] == (101,) and calls[4][1] == (0x5BEC,)
+    images = [args[0] for name, args in calls if name == "cuModuleLoadData"]
+    assert images == [speckv.cuda.compile_kernels("sm_90", program=p) for p in speckv.cuda.PROGRAMS]
+    assert all(image[:4] == b"\x7fELF" for image in images)
+    kernels = [k for ks in speckv.cuda.PROGRAMS.values() for k in ks]
+    assert module.kernels == {k: k.encode() for k in kernels}
+
+
 def test_importing_the_module_needs_neither_torch_nor_cuda():
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['cuda'] = None\n"

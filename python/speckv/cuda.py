@@ -181,9 +181,15 @@ class _Module:
         self.driver = driver
         torch.cuda.init()
         with torch.cuda.device(device):
-            torch.cuda.current_stream()  # makes torch's (primary) context current here
             major, minor = torch.cuda.get_device_capability(device)
             _check(driver.cuInit(0), "cuInit")
+            # torch's context is the device's primary one: the modules load into it, and
+            # every launch makes it current first (`_bind`)
+            self.context = _check(
+                driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(device), "cuDeviceGet")),
+                "cuDevicePrimaryCtxRetain",
+            )
+            self._bind()
             self.kernels: dict[str, Any] = {}
             for program, names in PROGRAMS.items():
                 # a cubin for this GPU (no driver JIT, so no need for a driver as new as
@@ -207,6 +213,7 @@ class _Module:
         uint64, a struct as its bytes), in order."""
         if n == 0:
             return
+        self._bind()
         blocks = min(MAX_BLOCKS, (n + block - 1) // block)
         pointers = np.array([a.ctypes.data for a in args], dtype=np.uint64)
         _check(
@@ -225,6 +232,14 @@ class _Module:
             ),
             f"launching {name}",
         )
+
+    def _bind(self) -> None:
+        """Makes the module's context current on this thread: the driver API launches into
+        the calling thread's current context, and a thread that has made no CUDA runtime call
+        yet (a worker thread, say) has none, or another device's."""
+        current = _check(self.driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(current) != int(self.context):
+            _check(self.driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
 
 _MODULES: dict[int, _Module] = {}
