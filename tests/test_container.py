@@ -3,6 +3,7 @@ still read, described without torch, and hostile bytes refused with typed errors
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import struct
@@ -149,6 +150,38 @@ def test_damaged_bytes_get_typed_errors(calibrated, data):  # noqa: F811
     for (k, v), (k2, v2) in zip(want, back):
         assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
         assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
+
+
+def test_forged_metadata_gets_typed_errors(any_codec):
+    """Checksums are no signature: a container rebuilt with any metadata (a field dropped, or
+    of another JSON type) is refused with a typed error by every reader, never a TypeError
+    or KeyError from inside, or decodes to the very cache (a field no decoder reads)."""
+    model, codec = any_codec
+    good = _sample(model, codec)
+    c = container.parse(good)
+    blocks = [[bytes(s.data) for s in block] for block in c.blocks]
+    forged = []
+    for key in c.metadata:
+        forged.append({k: v for k, v in c.metadata.items() if k != key})
+        forged += [{**c.metadata, key: bad} for bad in (5, None, [], {}, "x", True, 1e300)]
+    forged += [{**c.metadata, "joint": "yes"}, {**c.metadata, "mode": "fp8"}, {}]
+    prompt = ids(24, 7)
+    want = extract_kv(codec.decompress(good, prompt, dequantize=False))
+    for meta in forged:
+        data = container.pack(meta, c.layout, c.layers, c.block_tokens, c.tokens, blocks)
+        with contextlib.suppress(speckv.SpeckvError):
+            speckv.info(data)
+        with contextlib.suppress(speckv.SpeckvError):
+            k, v = codec.decompress_layer(data, prompt, layer=1)
+            assert k.dtype == want[1][0].dtype and torch.equal(k.view(torch.int16), want[1][0].view(torch.int16))
+        try:
+            back = extract_kv(codec.decompress(data, prompt, dequantize=False))
+        except speckv.SpeckvError:
+            continue
+        # what decodes is the cache itself (a field the decoder does not read was changed)
+        for (k, v), (k2, v2) in zip(want, back):
+            assert k2.dtype == k.dtype and torch.equal(k.view(torch.int16), k2.view(torch.int16)), meta
+            assert v2.dtype == v.dtype and torch.equal(v.view(torch.int16), v2.view(torch.int16)), meta
 
 
 _SAMPLES: dict[int, bytes] = {}

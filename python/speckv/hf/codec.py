@@ -548,8 +548,9 @@ class SpeculativeCodec:
         """Validates the container's header and stream index (``speckv.container.parse``);
         the streams' payloads are checked as they are decoded."""
         c = container.parse(data)
-        if c.metadata.get("mode") not in MODES:
-            raise CorruptStreamError(f"cache container: unknown storage mode {c.metadata.get('mode')!r}")
+        mode = c.metadata.get("mode")
+        if not isinstance(mode, str) or mode not in MODES:  # JSON: could be a list, unhashable
+            raise CorruptStreamError(f"cache container: unknown storage mode {mode!r}")
         return c
 
     def _check(self, header: dict[str, Any], input_ids: torch.Tensor) -> None:
