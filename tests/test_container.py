@@ -202,3 +202,46 @@ def test_bad_block_sizes_are_refused(calibrated):  # noqa: F811
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="block_size"):
             codec.compress(cache, prompt, "bf16", block_size=bad)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_V1_FIELDS = ("streams", "layers", "layout", "layers_per_chunk", "chunks_per_layer", "mode")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    fields=st.dictionaries(st.sampled_from(_V1_FIELDS), _JSON),
+    streams=st.lists(st.tuples(st.integers(-3, 40), st.integers(-3, 40)), max_size=4),
+    use_streams=st.booleans(),
+    payload=st.binary(max_size=64),
+)
+def test_forged_version_1_headers_get_typed_errors(fields, streams, use_streams, payload):
+    """A version-1 header's checksum is no signature either: any JSON in it, with a valid
+    checksum, is parsed (and described) or refused with a typed error."""
+    header = dict(fields)
+    if use_streams:
+        header["streams"] = [list(s) for s in streams]
+    blob = json.dumps(header).encode()
+    head = b"SPKC" + struct.pack("<HHI", 1, 0, len(blob)) + hashlib.blake2b(blob, digest_size=8).digest()
+    with contextlib.suppress(speckv.SpeckvError):
+        speckv.info(head + blob + payload)
+
+
+@pytest.mark.parametrize("field", ["layers", "layers_per_chunk", "chunks_per_layer", "offset", "length"])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan"), 1e300, -(2**70), "7", [1]])
+def test_version_1_numbers_of_any_json_kind_are_refused(field, bad):
+    """Each number a version-1 header holds, as any JSON value (``Infinity`` included,
+    which Python's json reads) with everything else valid: a typed error."""
+    header = {"layers": 1, "layout": "stacked", "layers_per_chunk": 1, "chunks_per_layer": 1}
+    offset, length = (bad, 0) if field == "offset" else (0, bad) if field == "length" else (0, 0)
+    header["streams"] = [[offset, length], [0, 0]]
+    if field in header:
+        header[field] = bad
+    blob = json.dumps(header).encode()
+    head = b"SPKC" + struct.pack("<HHI", 1, 0, len(blob)) + hashlib.blake2b(blob, digest_size=8).digest()
+    with pytest.raises(speckv.SpeckvError):
+        speckv.info(head + blob)

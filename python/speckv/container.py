@@ -135,7 +135,7 @@ def _parse_v1(view: memoryview) -> Container:
         layout = header.pop("layout")
         per_chunk = int(header.pop("layers_per_chunk", 1))
         per_layer = int(header.pop("chunks_per_layer", 1))
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError) as e:  # JSON allows Infinity
         raise CorruptStreamError(f"cache container header: {e}") from None
     if layers < 1 or per_chunk < 1 or per_layer < 1 or layout not in LAYOUTS:
         raise CorruptStreamError("cache container header: bad layout or layer counts")
