@@ -161,6 +161,45 @@ def test_mismatches_are_refused_before_output(calibrated, tmp_path):
         Calibration.load(str(path), other)
 
 
+def test_files_that_are_no_calibration_are_refused(calibrated, tmp_path):
+    """A damaged calibration file, or a safetensors file of another kind, is a typed
+    ``CalibrationMismatchError`` naming the file; a missing file stays FileNotFoundError."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    model, codec = calibrated
+    good = tmp_path / "cal.safetensors"
+    codec.save(str(good))
+    tensors = load_file(str(good))
+    with safe_open(str(good), framework="pt") as f:
+        meta = f.metadata()
+    cases = {
+        "junk": None,
+        "truncated": None,
+        "no speckv metadata": (tensors, {}),
+        "metadata not JSON": (tensors, {"speckv": "{oops"}),
+        "metadata a list": (tensors, {"speckv": "[1]"}),
+        "another format": (tensors, {"speckv": json.dumps({**json.loads(meta["speckv"]), "format": 99})}),
+        "no sigma": ({k: v for k, v in tensors.items() if k != "sigma"}, meta),
+        "a joint tensor missing": ({k: v for k, v in tensors.items() if not k.endswith(".offset")}, meta),
+    }
+    assert any(k.startswith("joint.") and k.endswith(".offset") for k in tensors)
+    for name, content in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        if name == "junk":
+            path.write_bytes(b"not a safetensors file" * 8)
+        elif name == "truncated":
+            path.write_bytes(good.read_bytes()[:-100])
+        else:
+            save_file(content[0], str(path), metadata=content[1] or None)
+        with pytest.raises(CalibrationMismatchError, match=str(path)):
+            Calibration.load(str(path))
+    with pytest.raises(FileNotFoundError):
+        Calibration.load(str(tmp_path / "absent.safetensors"))
+
+
 def test_damaged_container_is_refused(calibrated):
     model, codec = calibrated
     prompt = ids(32, 13)

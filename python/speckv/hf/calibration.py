@@ -17,6 +17,8 @@ from .cache import KV, other_kernels, prefill
 from .predictors import FP8_MAX, AnyPredictor, describe
 
 CALIBRATION_FORMAT = 1
+# the tensors every calibration file holds (sigma_rel*, predictor.* and joint.* are optional)
+CALIBRATION_TENSORS = ("sigma", "sigma_fp8", "fp8_scales", "means")
 # safetensors names of a learned predictor's tensors in a calibration file
 PREDICTOR_PREFIX = "predictor."
 # ... and of the joint residual model's ("joint.<mode>.<name>")
@@ -172,21 +174,33 @@ class Calibration:
     @classmethod
     def load(cls, path: str, model: Any = None, predictor: AnyPredictor | None = None) -> Calibration:
         """Loads a calibration; with ``model`` (and ``predictor``), refuses one made for others."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
 
-        tensors = load_file(path)
-        with safe_open(path, framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("speckv", "{}"))
-        if meta.get("format") != CALIBRATION_FORMAT:
-            raise CalibrationMismatchError(f"{path}: not a speckv calibration (format {meta.get('format')!r})")
+        # a file that is not one (damaged, or another kind) is a typed error; a missing or
+        # unreadable one stays the OSError it is
+        try:
+            tensors = load_file(path)
+            with safe_open(path, framework="pt") as f:
+                meta = json.loads((f.metadata() or {}).get("speckv", "{}"))
+        except (SafetensorError, ValueError) as e:
+            raise CalibrationMismatchError(f"{path}: not a speckv calibration file ({e})") from None
+        if not isinstance(meta, dict) or meta.get("format") != CALIBRATION_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise CalibrationMismatchError(f"{path}: not a speckv calibration (format {found!r})")
+        missing = [name for name in CALIBRATION_TENSORS if name not in tensors]
+        if missing:
+            raise CalibrationMismatchError(f"{path}: a damaged speckv calibration (no {', '.join(missing)})")
         state = {k[len(PREDICTOR_PREFIX) :]: v for k, v in tensors.items() if k.startswith(PREDICTOR_PREFIX)}
         packed: dict[str, dict[str, torch.Tensor]] = {}
         for k, v in tensors.items():
             if k.startswith(JOINT_PREFIX):
-                mode, name = k[len(JOINT_PREFIX) :].split(".", 1)
+                mode, _, name = k[len(JOINT_PREFIX) :].partition(".")
                 packed.setdefault(mode, {})[name] = v
-        joint = {mode: _unpack_joint(parts) for mode, parts in packed.items()}
+        try:
+            joint = {mode: _unpack_joint(parts) for mode, parts in packed.items()}
+        except (KeyError, ValueError, RuntimeError, IndexError) as e:
+            raise CalibrationMismatchError(f"{path}: a damaged speckv calibration (joint model: {e})") from None
         cal = cls(
             tensors["sigma"],
             tensors["sigma_fp8"],
