@@ -51,6 +51,11 @@ def test_store_stats_without_a_model(tmp_path):
     assert json.loads(out.stdout)["blocks"] == 0
     out = run("store", "get", str(folder), "--dtype", "fp8")
     assert out.returncode != 0 and "holds dtype" in out.stderr
+    # a damaged settings file: a message, not a traceback
+    for damaged in ("", "{", "[]", '{"block_size": "256", "dtype": "bf16"}', '{"dtype": "bf16"}'):
+        (folder / "speckv-store.json").write_text(damaged)
+        out = run("store", "stats", str(folder))
+        assert out.returncode != 0 and "is damaged" in out.stderr and "Traceback" not in out.stderr, damaged
 
 
 def test_info_of_a_container_without_a_model(tmp_path):

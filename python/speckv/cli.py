@@ -532,9 +532,17 @@ STORE_SETTINGS = "speckv-store.json"
 def _store_settings(args: argparse.Namespace) -> dict[str, Any]:
     """A directory store's block size and dtype: fixed by its first ``put`` (kept in
     speckv-store.json), so that later commands read what was written."""
+    from .store import write_whole
+
     path = Path(args.folder) / STORE_SETTINGS
     if path.exists():
-        settings = json.loads(path.read_text())
+        try:
+            settings = json.loads(path.read_text())
+            block, dtype = settings["block_size"], settings["dtype"]
+            if type(block) is not int or block < 1 or not isinstance(dtype, str):
+                raise ValueError(f"block_size {block!r}, dtype {dtype!r}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"speckv store: {path} is damaged ({e}); it is not a speckv store's settings file")
         for name in ("block_size", "dtype"):
             given = getattr(args, name, None)
             if given is not None and given != settings[name]:
@@ -546,7 +554,7 @@ def _store_settings(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = {"block_size": args.block_size or DEFAULT_BLOCK_SIZE, "dtype": args.dtype or "bf16"}
     Path(args.folder).mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings))
+    write_whole(path, json.dumps(settings).encode())  # a store is never left with half a file
     return settings
 
 

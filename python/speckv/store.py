@@ -252,18 +252,7 @@ class DirectoryBackend:
                 # the new folder's own name must be on disk too, or a crash could lose it and
                 # every entry acknowledged in it
                 _sync_dir(self.path)
-            fd, tmp = tempfile.mkstemp(prefix=self.TMP_PREFIX + key + "-", dir=final.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(value)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, final)
-            except BaseException:
-                with _ignore_missing():
-                    os.unlink(tmp)
-                raise
-            _sync_dir(final.parent)
+            write_whole(final, value, prefix=self.TMP_PREFIX + key + "-")
         except OSError as e:
             raise StoreError(f"{final}: {e}") from None
         return True
@@ -351,6 +340,24 @@ class _ignore_missing:
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
         return kind is not None and issubclass(kind, FileNotFoundError)
+
+
+def write_whole(final: Path, value: bytes, prefix: str = ".tmp-") -> None:
+    """Writes ``final`` whole or not at all, whoever reads and whenever the writer dies: to a
+    temporary file in the same folder (named ``prefix...``), flushed to disk, renamed over
+    ``final``, and the folder synced so that the rename is on disk too."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=final.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(value)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with _ignore_missing():
+            os.unlink(tmp)
+        raise
+    _sync_dir(final.parent)
 
 
 def _sync_dir(path: Path) -> None:
