@@ -64,6 +64,16 @@ def test_incompressible_chunks_are_stored_raw_and_damage_is_typed():
         decode_chunk(encode_chunk(kv_chunk(), stats), out)
 
 
+def test_a_coded_chunk_of_another_dtype_is_refused():
+    """Same bytes, another format (fp16 chunks read into a bf16 model's buffer): refused, not
+    copied as bits of the wrong format."""
+    chunk = kv_chunk(dtype=torch.float16)
+    data = encode_chunk(chunk)
+    assert data[5] != RAW
+    with pytest.raises(speckv.CorruptStreamError, match="float16"):
+        decode_chunk(data, torch.empty(chunk.shape, dtype=torch.bfloat16))
+
+
 def test_statistics_of_another_layout_fall_back_to_the_free_model():
     stats = {"mean": np.zeros((2, 5, 1, 7), np.float32), "std": np.ones((2, 5, 1, 7), np.float32)}
     chunk = kv_chunk()

@@ -102,6 +102,11 @@ def decode_chunk(data: bytes, out: Any, stats: dict[str, Any] | None = None) -> 
             words = _api.decode(payload, np.broadcast_to(stats["mean"], shape), stats["std"])
         else:
             words = _api.decode(payload)
+        # a coded chunk knows its dtype: one of another dtype of the same size (a model now
+        # run in bf16 reading its fp16 chunks) would be bits of the wrong format
+        coded, wanted = _arrays.dtype_name(words, "chunk"), _arrays.dtype_name(out, "out")
+        if coded != wanted:
+            raise CorruptStreamError(f"speckv LMCache chunk: coded as {coded}, the destination is {wanted}")
         words = np.ascontiguousarray(words).view(np.uint8).reshape(-1)
         if words.size != nbytes:
             raise CorruptStreamError("speckv LMCache chunk: decoded size differs from the destination's")
