@@ -58,16 +58,40 @@ class Container:
     block_tokens: int
     tokens: int
     metadata: dict[str, Any]
-    # blocks[b]: the block's streams, K then V (stacked) or layer 0 K, layer 0 V, ... (per layer)
-    blocks: list[list[Stream]]
+    # blocks[b]: the block's streams, K then V (stacked) or layer 0 K, layer 0 V, ... (per
+    # layer; None where the layer holds none of the block's tokens)
+    blocks: list[list[Stream | None]]
+    # per layer, how many of the last ``tokens`` it holds (a sliding-window layer: its window)
+    layer_tokens: tuple[int, ...] = ()
 
     def token_range(self, b: int) -> tuple[int, int]:
         start = b * self.block_tokens
         return start, min(start + self.block_tokens, self.tokens)
 
+    def held(self, layer: int) -> int:
+        """Tokens ``layer`` holds: the last ones of the prompt."""
+        return self.layer_tokens[layer] if self.layer_tokens else self.tokens
+
+    def layer_range(self, b: int, layer: int) -> tuple[int, int]:
+        """Block ``b``'s tokens that ``layer`` holds, as indices into the layer's own tokens
+        (``start == stop`` where it holds none of them)."""
+        return held_range(*self.token_range(b), self.tokens, self.held(layer))
+
     def stream(self, b: int, layer: int, which: int) -> Stream:
-        """Block ``b``'s stream holding ``layer``'s K (``which=0``) or V (1)."""
-        return self.blocks[b][which if self.layout == "stacked" else 2 * layer + which]
+        """Block ``b``'s stream holding ``layer``'s K (``which=0``) or V (1);
+        ``CorruptStreamError`` where the layer holds none of the block's tokens."""
+        s = self.blocks[b][which if self.layout == "stacked" else 2 * layer + which]
+        if s is None:
+            raise CorruptStreamError(f"cache container: layer {layer} holds no token of block {b}")
+        return s
+
+
+def held_range(start: int, stop: int, tokens: int, held: int) -> tuple[int, int]:
+    """Tokens ``start:stop`` of a ``tokens``-long prompt that a layer holding its last
+    ``held`` has, as indices into the layer's own tokens (``lo == hi``: none of them)."""
+    first = tokens - held
+    lo = min(max(start, first), stop)
+    return lo - first, max(lo, stop) - first
 
 
 def _array(data: Any) -> np.ndarray:
@@ -75,14 +99,25 @@ def _array(data: Any) -> np.ndarray:
 
 
 def pack(
-    metadata: dict[str, Any], layout: str, layers: int, block_tokens: int, tokens: int, blocks: list[list[bytes]]
+    metadata: dict[str, Any],
+    layout: str,
+    layers: int,
+    block_tokens: int,
+    tokens: int,
+    blocks: list[list[bytes]],
+    layer_tokens: list[int] | None = None,
 ) -> bytes:
-    """A version-2 container of ``blocks`` (each a block's streams in layout order)."""
+    """A version-2 container of ``blocks`` (each a block's streams in layout order; ``b""``
+    where a layer holds none of the block's tokens). ``layer_tokens``: per layer, how many of
+    the last ``tokens`` it holds (per-layer layout; ``None`` or all equal to ``tokens``: every
+    layer holds every token, and the container is what it was before layers could differ)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     blob = json.dumps(metadata, sort_keys=True).encode()
     streams = [bytes(s) for block in blocks for s in block]
-    return _speckv.container_write(layout == "per-layer", layers, block_tokens, tokens, blob, streams)
+    if layer_tokens is not None and all(n == tokens for n in layer_tokens):
+        layer_tokens = None
+    return _speckv.container_write(layout == "per-layer", layers, block_tokens, tokens, blob, streams, layer_tokens)
 
 
 def parse(data: Any) -> Container:
@@ -98,10 +133,13 @@ def parse(data: Any) -> Container:
     per_block = d["streams_per_block"]
     streams = [
         Stream(view[s["offset"] : s["offset"] + s["length"]], int(s["layers_per_chunk"]), int(s["chunks_per_layer"]))
+        if s is not None
+        else None
         for s in d["streams"]
     ]
     blocks = [streams[i : i + per_block] for i in range(0, len(streams), per_block)]
-    return Container(2, d["layout"], d["layers"], d["block_tokens"], d["tokens"], metadata, blocks)
+    layer_tokens = tuple(int(n) for n in d["layer_tokens"])
+    return Container(2, d["layout"], d["layers"], d["block_tokens"], d["tokens"], metadata, blocks, layer_tokens)
 
 
 def _metadata(blob: bytes) -> dict[str, Any]:
@@ -147,10 +185,12 @@ def _parse_v1(view: memoryview) -> Container:
         expected += n
     if expected != len(payload) or len(spans) != (2 if layout == "stacked" else 2 * layers):
         raise CorruptStreamError("cache container: stream table does not match the payload")
-    streams = [Stream(payload[o : o + n], per_chunk, per_layer) for o, n in spans]
-    shape = _speckv.info(_array(streams[0].data))["shape"]
+    streams: list[Stream | None] = [Stream(payload[o : o + n], per_chunk, per_layer) for o, n in spans]
+    first = streams[0]
+    assert first is not None
+    shape = _speckv.info(_array(first.data))["shape"]
     tokens = int(shape[3] if layout == "stacked" else shape[2]) if len(shape) >= 4 else 0
-    return Container(1, layout, layers, max(tokens, 1), tokens, header, [streams])
+    return Container(1, layout, layers, max(tokens, 1), tokens, header, [streams], (tokens,) * layers)
 
 
 def describe(data: Any) -> dict[str, Any]:
@@ -159,6 +199,8 @@ def describe(data: Any) -> dict[str, Any]:
     streams = []
     for b, block in enumerate(c.blocks):
         for s in block:
+            if s is None:  # a layer that holds none of the block's tokens
+                continue
             facts = _speckv.info(_array(s.data))
             facts.update(block=b, layers_per_chunk=s.layers_per_chunk, chunks_per_layer=s.chunks_per_layer)
             streams.append(facts)
@@ -172,6 +214,7 @@ def describe(data: Any) -> dict[str, Any]:
         "tokens": c.tokens,
         "block_tokens": c.block_tokens,
         "blocks": len(c.blocks),
+        "layer_tokens": list(c.layer_tokens),
         "metadata": c.metadata,
         "total_bytes": total,
         "header_bytes": total - sum(s["total_bytes"] for s in streams),
@@ -181,4 +224,4 @@ def describe(data: Any) -> dict[str, Any]:
     }
 
 
-__all__ = ["MAGIC", "VERSION", "Container", "Stream", "describe", "pack", "parse"]
+__all__ = ["MAGIC", "VERSION", "Container", "Stream", "describe", "held_range", "pack", "parse"]

@@ -27,13 +27,38 @@ def extract_kv(cache: Any) -> KV:
     raise TypeError(f"cache: cannot read keys and values from a {type(cache).__name__}")
 
 
-def build_cache(kv: KV, config: Any = None) -> Any:
-    """A ``DynamicCache`` holding exactly these tensors (no copy, no cast)."""
+def last_tokens(pred: torch.Tensor, held: int, layer: int) -> torch.Tensor:
+    """A prediction ``[batch, heads, tokens, dim]`` of a layer that holds the last ``held``
+    tokens of the prompt: its last ``held`` tokens. Predictors may predict every token of the
+    prompt, where a sliding-window layer holds only its window."""
+    if pred.ndim != 4 or pred.shape[2] == held:
+        return pred
+    if pred.shape[2] < held:
+        raise ValueError(f"prediction: layer {layer} has {pred.shape[2]} tokens, the cache holds {held}")
+    return pred[:, :, pred.shape[2] - held :]
+
+
+def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
+    """A ``DynamicCache`` holding exactly these tensors (no copy, no cast).
+
+    With ``config``, each layer is of the model's kind (a sliding-window layer where the model
+    has one, unless it holds more tokens than its window keeps: then a full layer, so that no
+    token is dropped), and ``tokens`` (the prompt's length) is what a sliding layer has seen:
+    it holds fewer, and the model's masks need the count."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    layers = getattr(cache, "layers", None)
     for i, (k, v) in enumerate(kv):
+        layer = layers[i] if layers is not None and i < len(layers) else None
+        window = getattr(layer, "sliding_window", None)
+        if layers is not None and window is not None and k.shape[2] > int(window) - 1:
+            from transformers.cache_utils import DynamicLayer
+
+            layers[i] = layer = DynamicLayer()
         cache.update(k, v, i)
+        if tokens is not None and layer is not None and hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = int(tokens)
     return cache
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from .._speckv import PredictionMismatchError
-from .cache import KV, other_kernels, prefill
+from .architecture import UnsupportedModelError
+from .cache import KV, last_tokens, other_kernels, prefill
 from .predictors import FP8_MAX, AnyPredictor, describe
 
 CALIBRATION_FORMAT = 1
@@ -283,11 +284,18 @@ def calibrate(
             tokens += ids.numel()
     n_layers = len(truths[0])
     heads, dim = truths[0][0][0].shape[1], truths[0][0][0].shape[3]
+    for layer, (keys, values) in enumerate(truths[0]):
+        if (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) != (heads, dim, heads, dim):
+            raise UnsupportedModelError(
+                f"layer {layer}: keys {tuple(keys.shape)} and values {tuple(values.shape)}; speckv's calibration needs "
+                f"every layer's K and V to have layer 0's {heads} heads x {dim} channels"
+            )
     amax = torch.zeros(n_layers, 2, dtype=torch.float64)
-    count = 0
+    # per layer: tokens summed over (a sliding-window layer holds fewer than the prompt)
+    count = [0] * n_layers
     for true in truths:
-        count += true[0][0].shape[0] * true[0][0].shape[2]
         for layer, pair in enumerate(true):
+            count[layer] += pair[0].shape[0] * pair[0].shape[2]
             for kv, t in enumerate(pair):
                 amax[layer, kv] = max(amax[layer, kv], t.double().abs().max().cpu())  # exact anywhere
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
@@ -299,6 +307,8 @@ def calibrate(
         preds = _fitted_predictions(predictor, samples, truths, scales, progress)
     else:
         preds = {"bf16": whole, "fp8": whole}
+    # a prediction of every position, for layers that hold the last ones only
+    preds = {mode: [_last_tokens(kv, true) for kv, true in zip(runs, truths)] for mode, runs in preds.items()}
     # per layer and K/V: exact sums of the values, (t - p)^2 and (q - p8 / s)^2 per channel
     # (`_channel_sums`), each rounded to float64 once at the end
     exact = [[[[0] * (heads * dim) for _ in range(3)] for _ in range(2)] for _ in range(n_layers)]
@@ -338,7 +348,7 @@ def calibrate(
 
     def mean(stat: int) -> torch.Tensor:
         # one correctly rounded division of exact integers (Python's int / int)
-        means = [[[v / (count << 64) for v in kv[stat]] for kv in layer] for layer in exact]
+        means = [[[v / (count[i] << 64) for v in kv[stat]] for kv in layer] for i, layer in enumerate(exact)]
         return torch.tensor(means, dtype=torch.float64).reshape(n_layers, 2, heads, dim)
 
     sigma = mean(1).sqrt().float()
@@ -361,8 +371,14 @@ def calibrate(
         "source": source,
     }
     metadata["producer"] = getattr(producer, "__name__", type(producer).__name__)
+    solved = {v: fit.solve(joint_layers, JOINT_SHRINKAGE) for v, fit in fits_joint.items()}
     if joint_layers:
         metadata["joint"] = {"layers": joint_layers, "shrinkage": JOINT_SHRINKAGE}
+        # degenerate channels (constant, or a covariance that is not positive definite):
+        # what the fit did about them, per mode and layer
+        repairs = {v: fit.repairs for v, fit in fits_joint.items() if fit.repairs}
+        if repairs:
+            metadata["joint"]["repairs"] = repairs
     state_dict = getattr(predictor, "state_dict", None)
     return Calibration(
         sigma=sigma,
@@ -373,7 +389,7 @@ def calibrate(
         predictor_state=dict(state_dict()) if (fits or learns) and callable(state_dict) else {},
         sigma_rel=sigma_rel,
         sigma_rel_fp8=sigma_rel_fp8,
-        joint={v: fit.solve(joint_layers, JOINT_SHRINKAGE) for v, fit in fits_joint.items()},
+        joint=solved,
         joint_fits=fits_joint if keep_joint_fits else {},
     )
 
@@ -401,6 +417,8 @@ class JointFit:
         self.mu_sum = torch.zeros(layers, c, dtype=torch.float64)
         self.gram_me = torch.zeros(layers, c, c, dtype=torch.float64)
         self.gram_mm = torch.zeros(layers, c, c, dtype=torch.float64)
+        # what ``solve`` did about degenerate channels, per layer (recorded in the calibration)
+        self.repairs: dict[str, dict[str, Any]] = {}
 
     def add(
         self, layer: int, k_error: torch.Tensor, v_error: torch.Tensor, k_mu: torch.Tensor, v_mu: torch.Tensor
@@ -463,7 +481,8 @@ class JointFit:
                 scale[layer] = 1 + g
             mean = total / n
             cov = gram / n - torch.outer(mean, mean)
-            diag = cov.diagonal().clamp(min=1e-12)
+            cov, repair = _degenerate_channels(cov)
+            diag = cov.diagonal()
             # few tokens per channel: a sample covariance overfits, so shrink harder
             lam = min(1.0, max(shrinkage, 2 * c / n))
             cov = (1 - lam) * cov + lam * torch.diag(diag)
@@ -473,7 +492,14 @@ class JointFit:
                 half = c // 2
                 cov[:half, half:] = 0
                 cov[half:, :half] = 0
-            chol = torch.linalg.cholesky(cov + 1e-12 * eye)
+            chol, info = torch.linalg.cholesky_ex(cov + 1e-12 * eye)
+            if int(info) != 0:
+                # rank-deficient past the shrinkage (rounding in the sums): clip the eigenvalues
+                cov = _clip_eigenvalues(cov)
+                repair["eigenvalues_clipped"] = True
+                chol = torch.linalg.cholesky(cov + 1e-12 * eye)
+            if repair:
+                self.repairs[str(layer)] = repair
             d = chol.diagonal()
             unit = chol / d[None, :]
             a = eye - torch.linalg.solve_triangular(unit, eye, upper=False, unitriangular=True)
@@ -487,6 +513,39 @@ class JointFit:
             "scale": _half_exact(scale),
             "sigma": sigma.reshape(n_layers, 2, self.heads, self.dim).float(),
         }
+
+
+# A channel whose residual variance is below this share of the layer's mean is degenerate
+# (constant, or nearly): it is taken out of the joint model (no coefficient to or from it).
+DEGENERATE_SHARE = 1e-10
+# Smallest eigenvalue kept, as a share of the largest, where a covariance must be repaired.
+EIGEN_FLOOR = 1e-9
+
+
+def _degenerate_channels(cov: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``cov`` with its degenerate channels (variance at most DEGENERATE_SHARE of the mean,
+    or negative from rounding) decoupled from the others, their variance floored; and what
+    was done, for the calibration's metadata."""
+    diag = cov.diagonal()
+    scale = float(diag.clamp(min=0).mean())
+    floor = max(scale * DEGENERATE_SHARE, 1e-30)
+    bad = diag <= floor
+    if not bool(bad.any()):
+        return cov, {}
+    cov = cov.clone()
+    cov[bad, :] = 0
+    cov[:, bad] = 0
+    idx = bad.nonzero().flatten()
+    cov[idx, idx] = floor
+    return cov, {"degenerate_channels": [int(i) for i in idx]}
+
+
+def _clip_eigenvalues(cov: torch.Tensor) -> torch.Tensor:
+    """The nearest symmetric matrix with every eigenvalue at least EIGEN_FLOOR of the largest."""
+    sym = (cov + cov.T) / 2
+    w, v = torch.linalg.eigh(sym)
+    w = w.clamp(min=float(w.max()) * EIGEN_FLOOR)
+    return (v * w) @ v.T
 
 
 # Largest magnitude a joint coefficient or offset may take (float16 holds up to 65504).
@@ -559,6 +618,14 @@ class _RelativeFit:
         b = torch.where(low, ((me2p2 - floor * mp2) / mp4.clamp(min=1e-300)).clamp(min=0), b)
         a = torch.where(low, torch.full_like(a, floor), a)
         return a.sqrt().float(), b.sqrt().float()
+
+
+def _last_tokens(pred: KV, truth: KV) -> KV:
+    """``pred`` cut to the tokens each layer of ``truth`` holds (``cache.last_tokens``)."""
+    return [
+        (last_tokens(pk, k.shape[2], layer), last_tokens(pv, v.shape[2], layer))
+        for layer, ((pk, pv), (k, v)) in enumerate(zip(pred, truth))
+    ]
 
 
 def _as_float(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:

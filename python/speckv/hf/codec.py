@@ -26,7 +26,8 @@ import torch
 from .. import _api, _speckv, container
 from .. import cuda as speckv_cuda
 from .._speckv import CorruptStreamError, PredictionMismatchError
-from .cache import KV, build_cache, extract_kv
+from .architecture import check_architecture, layer_windows, text_config
+from .cache import KV, build_cache, extract_kv, last_tokens
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .layerwise import is_layerwise, walk
 from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor, describe, fixed_threads
@@ -99,6 +100,8 @@ def _tokens(job: tuple[Any, Any, Any], start: int, stop: int) -> tuple[Any, Any,
     x, mu, codes = job
     if start == 0 and stop >= mu.shape[2]:
         return job
+    if start >= stop:
+        start = stop = 0  # an empty run (a layer that holds none of a block's tokens)
     if codes.shape[2] != 1:
         codes = codes[:, :, start:stop]
     return (x[:, :, start:stop] if x is not None else None), mu[:, :, start:stop], codes
@@ -132,6 +135,20 @@ def _wanted(layers: list[int] | None, n_layers: int) -> list[int]:
         if not 0 <= layer < n_layers:
             raise IndexError(f"layer {layer} of {n_layers}")
     return wanted
+
+
+def _held(kv: KV) -> list[int]:
+    """Per layer, the tokens its cache holds (a sliding-window layer: fewer than the prompt);
+    K and V of a layer hold the same tokens, and every layer some."""
+    held = []
+    for layer, (k, v) in enumerate(kv):
+        if k.ndim != 4 or v.ndim != 4 or k.shape[2] != v.shape[2] or k.shape[2] < 1:
+            raise ValueError(
+                f"cache: layer {layer}'s keys {tuple(k.shape)} and values {tuple(v.shape)} are not "
+                "[batch, heads, tokens, dim] of the same (non-zero) tokens"
+            )
+        held.append(int(k.shape[2]))
+    return held
 
 
 def _join(blocks: list[Any]) -> Any:
@@ -176,6 +193,7 @@ class SpeculativeCodec:
         # when it can run (else copies the tensors to the host first), "cpu" always copies,
         # "cuda" insists on the module (same bits either way: cuda/README.md)
         self.device = device
+        check_architecture(model)
         self.model = model
         self.predictor: AnyPredictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         # Code with the calibration's joint residual model where it has one (decoders follow
@@ -399,6 +417,7 @@ class SpeculativeCodec:
         kv = extract_kv(cache)
         if len(kv) != cal.n_layers:
             raise ValueError(f"cache: {len(kv)} layers, the calibration has {cal.n_layers}")
+        _held(kv)
         return kv
 
     def compress_predicted(
@@ -437,29 +456,39 @@ class SpeculativeCodec:
         # codes on the host); the bytes are the host's either way.
         on_device = layout == "stacked" and model == "exact" and self._codes_on_gpu(kv, prediction)
         jobs = []
+        held = _held(kv)
         for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, prediction)):
             for which, (t, p) in enumerate(((k, pk), (v, pv))):
+                p = last_tokens(p, held[layer], layer)
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
                 jobs.append(self._coding(dtype, layer, which, t, p, joint, on_device))
-        tokens = int(kv[0][0].shape[2])
+        tokens = max(held)
         block = _block_size(block_size, tokens)
         layerwise = is_layerwise(self.predictor)
         blocks = []
         for start in range(0, tokens, block):
-            part = [_tokens(job, start, start + block) for job in jobs]
             if layout == "stacked":
+                part = [_tokens(job, start, start + block) for job in jobs]
                 blocks.append(
                     self._encode_stacked(part, layerwise, threads, model, dtype if joint else None, on_device)
                 )
-            else:
-                blocks.append(
-                    _parallel(
-                        lambda job: _api.encode(job[0], job[1], sigma_codes=job[2], threads=1, model=model),
-                        part,
-                        threads,
-                    )
+                continue
+            # per layer: the block's tokens that each layer holds (none: no stream)
+            stop = min(start + block, tokens)
+            ranges = [container.held_range(start, stop, tokens, held[i // 2]) for i in range(len(jobs))]
+            part = [_tokens(job, *r) for job, r in zip(jobs, ranges)]
+            blocks.append(
+                _parallel(
+                    lambda job: (
+                        _api.encode(job[0], job[1], sigma_codes=job[2], threads=1, model=model)
+                        if job[1].shape[2]
+                        else b""
+                    ),
+                    part,
+                    threads,
                 )
+            )
         metadata: dict[str, Any] = {
             "mode": dtype,
             "model": self.fingerprint,
@@ -469,7 +498,7 @@ class SpeculativeCodec:
         }
         if joint:
             metadata["joint"] = True
-        return container.pack(metadata, layout, len(kv), block, tokens, blocks)
+        return container.pack(metadata, layout, len(kv), block, tokens, blocks, held)
 
     def _codes_on_gpu(self, kv: KV, prediction: KV) -> bool:
         """Whether the GPU coder (``speckv.cuda.encode``) codes this cache: it and its
@@ -594,7 +623,8 @@ class SpeculativeCodec:
             outside: dict[int, Any] = {}
             for which in (0, 1):
                 targets = [
-                    self._coding(mode, layer, which, None, pred[layer][which], joint) for layer in range(c.layers)
+                    self._coding(mode, layer, which, None, last_tokens(pred[layer][which], c.held(layer), layer), joint)
+                    for layer in range(c.layers)
                 ]
                 _, mu, codes = _stack(targets)
                 for b in range(len(c.blocks)):
@@ -630,9 +660,13 @@ class SpeculativeCodec:
             jobs, places = [], []
             for layer in wanted:
                 for which in (0, 1):
-                    target = self._coding(mode, layer, which, None, pred[layer][which])
+                    p = last_tokens(pred[layer][which], c.held(layer), layer)
+                    target = self._coding(mode, layer, which, None, p)
                     for b in range(len(c.blocks)):
-                        _, mu, codes = _tokens(target, *c.token_range(b))
+                        lo, hi = c.layer_range(b, layer)
+                        if lo == hi:  # the layer holds none of the block's tokens
+                            continue
+                        _, mu, codes = _tokens(target, lo, hi)
                         jobs.append((c.stream(b, layer, which).data, mu, codes))
                         places.append((layer, which))
             out = _parallel(lambda job: _api.decode(job[0], job[1], sigma_codes=job[2], threads=1), jobs, threads)
@@ -669,7 +703,7 @@ class SpeculativeCodec:
         predictor's threads. Either way, the same bits."""
         mode, n_layers = c.metadata["mode"], c.layers
         stacked = c.layout == "stacked"
-        if stacked and any(s.layers_per_chunk != 1 for block in c.blocks for s in block):
+        if stacked and any(s is None or s.layers_per_chunk != 1 for block in c.blocks for s in block):
             raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
         n_threads = _api.resolve_threads(threads)
         if pipeline is None:
@@ -687,6 +721,7 @@ class SpeculativeCodec:
         outside: dict[int, np.ndarray] = {}
 
         def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
+            pred = last_tokens(pred, c.held(layer), layer)
             if not stacked:
                 _, mu, sigma = self._coding(mode, layer, which, None, pred)
                 return mu, sigma
@@ -712,10 +747,13 @@ class SpeculativeCodec:
             """Layers first..stop-1 of K or V, every block of each joined."""
 
             def block(b: int, n: int) -> list[Any]:
-                stream = c.stream(b, first, which)
                 if not stacked:
-                    _, mu_b, codes_b = _tokens((None, mu, sigma), *c.token_range(b))
-                    return [_api.decode(stream.data, mu_b, sigma_codes=codes_b, threads=n)]
+                    lo, hi = c.layer_range(b, first)
+                    if lo == hi:  # the layer holds none of the block's tokens
+                        return []
+                    _, mu_b, codes_b = _tokens((None, mu, sigma), lo, hi)
+                    return [_api.decode(c.stream(b, first, which).data, mu_b, sigma_codes=codes_b, threads=n)]
+                stream = c.stream(b, first, which)
                 chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
                 model = None
                 if joint:
@@ -740,7 +778,7 @@ class SpeculativeCodec:
                 blocks = _parallel(lambda b: block(b, share), list(range(len(c.blocks))), n)
             else:
                 blocks = [block(b, n) for b in range(len(c.blocks))]
-            return [_join([blk[i] for blk in blocks]) for i in range(stop - first)]
+            return [_join([blk[i] for blk in blocks if blk]) for i in range(stop - first)]
 
         if run is None:
             predictor = self.predictor
@@ -801,7 +839,14 @@ class SpeculativeCodec:
         if c.metadata["mode"] == "fp8" and dequantize:
             scales = self._calibration().fp8_scales
             kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
-        return build_cache(kv)
+        return self._build(kv, input_ids)
+
+    def _build(self, kv: KV, input_ids: torch.Tensor) -> Any:
+        """The restored cache as the model would have made it: for a model with sliding-window
+        layers, its kind of layer each (``build_cache``)."""
+        config = text_config(self.model)
+        windowed = any(w is not None for w in layer_windows(config))
+        return build_cache(kv, config, int(input_ids.shape[-1])) if windowed else build_cache(kv)
 
     def decompress_layer(
         self,

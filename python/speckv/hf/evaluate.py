@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import _api
-from .cache import KV, extract_kv, prefill
+from .cache import KV, extract_kv, last_tokens, prefill
 from .codec import SpeculativeCodec
 from .layerwise import is_layerwise
 
@@ -169,8 +169,11 @@ def evaluate(
             acc.raw_bytes += sum(t.numel() * (1 if mode == "fp8" else 2) for pair in true for t in pair)
             c = codec.read_header(data)
             # (stored tensor, mu, sigma) of every layer's K and V, as the codec coded them
+            held = [int(k.shape[2]) for k, _ in true]
             targets = {
-                (layer, which): codec._targets(mode, layer, which, true[layer][which], pred[layer][which])
+                (layer, which): codec._targets(
+                    mode, layer, which, true[layer][which], last_tokens(pred[layer][which], held[layer], layer)
+                )
                 for layer in range(n_layers)
                 for which in (0, 1)
             }
@@ -181,7 +184,8 @@ def evaluate(
                 if c.layout != "stacked":
                     for layer in range(n_layers):
                         for which in (0, 1):
-                            layer_bits[layer, which] += len(c.stream(b, layer, which).data) * 8
+                            if c.layer_range(b, layer)[0] != c.layer_range(b, layer)[1]:
+                                layer_bits[layer, which] += len(c.stream(b, layer, which).data) * 8
                     continue
                 # A chunk holds `layers_per_chunk` layers: its bytes (and a share of the stream
                 # header) go to them in proportion to their ideal code lengths under speckv's

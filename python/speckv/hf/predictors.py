@@ -214,14 +214,16 @@ class ChannelStatsPredictor:
         """The per-channel means of the calibration caches (kept as given, if given)."""
         if self._given:
             return
-        total, count = None, 0
+        total, count = None, None
         for kv in caches:
             layer_sums = torch.stack([torch.stack([t.double().sum(dim=(0, 2)) for t in pair]) for pair in kv])
+            # per layer: a sliding-window layer holds fewer tokens than the prompt
+            tokens = torch.tensor([float(k.shape[0] * k.shape[2]) for k, _ in kv], dtype=torch.float64)
             total = layer_sums if total is None else total + layer_sums
-            count += kv[0][0].shape[0] * kv[0][0].shape[2]
-        if total is None:
+            count = tokens if count is None else count + tokens
+        if total is None or count is None:
             raise ValueError("caches: at least one is needed")
-        self.means = (total / count).float()
+        self.means = (total / count[:, None, None, None]).float()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {} if self.means is None else {"means": self.means}
@@ -231,6 +233,8 @@ class ChannelStatsPredictor:
             self.means = state["means"].float()
 
     def predict(self, input_ids: torch.Tensor) -> KV:
+        """Every position of the prompt (a sliding-window layer's cache holds the last ones:
+        the codec takes those)."""
         if self.means is None:
             raise ValueError("ChannelStatsPredictor: no means yet (give them, or calibrate first)")
         batch, seq = input_ids.shape

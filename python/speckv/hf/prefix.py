@@ -29,12 +29,14 @@ while another thread computes). ``PrefixState`` runs a prompt block by block (th
 from __future__ import annotations
 
 import hashlib
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
 
+from .architecture import layer_types, layer_windows, text_config
 from .cache import KV
 from .predictors import _decoder_layers, fixed_threads
 
@@ -183,18 +185,26 @@ class Rope:
     """The model's rotary position embedding as a pure rotation per (position, channel pair),
     float32, and its inverse: ``unrope(k)`` takes a cached K back to before RoPE (up to the
     model's scaling), ``rope(u)`` applies it. Identity for models without a rotary module
-    covering the whole head (partial rotary is left alone)."""
+    covering the whole head (partial rotary is left alone). ``layer_type``: the RoPE of that
+    kind of layer, for models whose layer types have their own (Gemma 3: another base on its
+    sliding layers). A tensor of fewer tokens than ``seq`` holds the last positions (a
+    sliding-window layer's cache)."""
 
-    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0) -> None:
+    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0, layer_type: str | None = None) -> None:
         inner = getattr(model, "model", model)
         rotary = getattr(inner, "rotary_emb", None)
+        if layer_type is not None and layer_type != "full_attention" and hasattr(inner, "rotary_emb_local"):
+            rotary = inner.rotary_emb_local  # older transformers: a module per layer type
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
         if rotary is None:
             return
         positions = torch.arange(start, start + seq)[None, :]
+        args: tuple[Any, ...] = (torch.zeros(1, dtype=torch.float32), positions)
+        if "layer_type" in inspect.signature(rotary.forward).parameters:
+            args = (*args, layer_type if layer_type is not None else "full_attention")
         with torch.no_grad():
-            cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+            cos, sin = rotary(*args)
         if cos.shape[-1] != head_dim:
             return
         scale = float(getattr(rotary, "attention_scaling", 1.0)) or 1.0
@@ -206,15 +216,40 @@ class Rope:
         h = x.shape[-1] // 2
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
+    def _last(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.cos is not None and self.sin is not None
+        n = t.shape[2]
+        if n == self.cos.shape[2]:
+            return self.cos, self.sin
+        return self.cos[:, :, -n:], self.sin[:, :, -n:]
+
     def unrope(self, k: torch.Tensor) -> torch.Tensor:
         if self.cos is None or self.sin is None:
             return k
-        return k * self.cos - self._half(k) * self.sin
+        cos, sin = self._last(k)
+        return k * cos - self._half(k) * sin
 
     def rope(self, u: torch.Tensor) -> torch.Tensor:
         if self.cos is None or self.sin is None:
             return u
-        return u * self.cos + self._half(u) * self.sin
+        cos, sin = self._last(u)
+        return u * cos + self._half(u) * sin
+
+
+class Ropes:
+    """Each layer's ``Rope`` (one per layer type, made on first use) over ``seq`` positions
+    from ``start``."""
+
+    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0) -> None:
+        self.model, self.seq, self.head_dim, self.start = model, seq, head_dim, start
+        self.types = layer_types(text_config(model))
+        self._made: dict[str, Rope] = {}
+
+    def of(self, layer: int) -> Rope:
+        kind = self.types[layer] if layer < len(self.types) else "full_attention"
+        if kind not in self._made:
+            self._made[kind] = Rope(self.model, self.seq, self.head_dim, self.start, kind)
+        return self._made[kind]
 
 
 def _tokens(t: torch.Tensor) -> torch.Tensor:
@@ -237,15 +272,56 @@ def _sources(layer: int, which: int) -> list[tuple[int, int]]:
     return out
 
 
+def _covers(windows: list[int | None], src: int, layer: int) -> bool:
+    """Whether layer ``src``'s cache holds every token layer ``layer``'s does (a full layer
+    does; a sliding one only for a target of no larger window)."""
+    mine, theirs = windows[layer], windows[src]
+    return theirs is None or (mine is not None and theirs >= mine)
+
+
+def _fallback_sources(layer: int, which: int, windows: list[int | None]) -> list[tuple[int, int]] | None:
+    """Where a map's sources (``_sources``) may lack tokens its layer holds (a full layer
+    above sliding-window ones: on prompts longer than the window, its early tokens have left
+    theirs), the sources of its fallback map for those tokens: the nearest HISTORY earlier
+    layers that hold them all (none: the map's bias alone, the channels' means), and for V
+    its own K. ``None`` where every source covers the layer."""
+    if all(_covers(windows, src, layer) for src, _ in _sources(layer, which) if src != layer):
+        return None
+    covering = [src for src in range(layer - 1, -1, -1) if _covers(windows, src, layer)][:HISTORY]
+    out = [(src, w) for src in covering for w in (0, 1)]
+    if which == 1:
+        out.append((layer, 0))
+    return out
+
+
 Observed = dict[tuple[int, int], torch.Tensor]
 
 
-def _features(observed: Observed, sources: list[tuple[int, int]], rope: Rope) -> torch.Tensor:
+def _features(observed: Observed, sources: list[tuple[int, int]], ropes: Ropes, rows: int) -> torch.Tensor:
+    """The map's inputs at the last ``rows`` positions, ``[batch * rows, features]``: each
+    source's K (un-RoPEd) or V there, zero where the source does not hold the position (see
+    ``_missing``)."""
     cols = []
     for src, w in sources:
         t = observed[src, w].float()
-        cols.append(_tokens(rope.unrope(t) if w == 0 else t))
+        t = ropes.of(src).unrope(t) if w == 0 else t
+        n = t.shape[2]
+        if n > rows:
+            t = t[:, :, n - rows :]
+        elif n < rows:
+            t = torch.nn.functional.pad(t, (0, 0, rows - n, 0))
+        cols.append(_tokens(t))
+    if not cols:
+        b = next(iter(observed.values())).shape[0] if observed else 1
+        return torch.zeros(b * rows, 0)
     return torch.cat(cols, dim=1)
+
+
+def _missing(observed: Observed, sources: list[tuple[int, int]], rows: int) -> int:
+    """How many of the last ``rows`` positions some source does not hold (the first ones:
+    every layer holds the last tokens)."""
+    held = [observed[src, w].shape[2] for src, w in sources]
+    return max(0, rows - min(held)) if held else 0
 
 
 class ModelPrefixPredictor:
@@ -270,8 +346,12 @@ class ModelPrefixPredictor:
         self.layers = int(layers)
         self.threads = int(threads)
         self.n_layers = n
+        # per layer, its sliding window (None: full attention); fallback maps where a map's
+        # sources may lack tokens its layer holds (``_fallback_sources``)
+        self.windows = layer_windows(text_config(model))
         self.maps: dict[str, torch.Tensor] = {}
         self._joint_maps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._fallback_maps: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- identity ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -284,7 +364,15 @@ class ModelPrefixPredictor:
             "maps": f"ridge, previous {HISTORY} layers, K un-RoPEd, V given K",
             "map_compute": f"{str(MAP_DTYPE).replace('torch.', '')}, {MAP_THREADS} thread(s)",
             "torch": torch.__version__,
+            # only for models with sliding windows, so other models' descriptions stay as they were
+            **({"windows": "fallback maps where a source left its window"} if self._windowed() else {}),
         }
+
+    def _windowed(self) -> bool:
+        return any(w is not None for w in self.windows)
+
+    def _fallback(self, layer: int, which: int) -> list[tuple[int, int]] | None:
+        return _fallback_sources(layer, which, self.windows) if self._windowed() else None
 
     # -- calibration state ---------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -292,11 +380,18 @@ class ModelPrefixPredictor:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         missing = [f"maps.{layer}.{which}.weight" for layer in range(self.layers, self.n_layers) for which in "kv"]
+        missing += [
+            f"maps.{layer}.{'kv'[which]}.fallback_weight"
+            for layer in range(self.layers, self.n_layers)
+            for which in (0, 1)
+            if self._fallback(layer, which) is not None
+        ]
         missing = [name for name in missing if name not in state]
         if missing:
             raise ValueError(f"predictor state: missing {missing[0]} (and {len(missing) - 1} more)")
         self.maps = {k: v.float().contiguous() for k, v in state.items() if k.startswith("maps.")}
         self._joint_maps = {}
+        self._fallback_maps = {}
 
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
@@ -357,27 +452,54 @@ class ModelPrefixPredictor:
         layer: int,
         which: int,
         observed: Observed,
-        rope: Rope,
+        ropes: Ropes,
         shape: tuple[int, ...],
         scratch: dict[int, torch.Tensor],
     ) -> torch.Tensor:
-        """The map's prediction of (layer, which) from the observed tensors. K's turn leaves
-        V's partial sum in ``scratch``. The products run in bfloat16 (float32 accumulation):
-        ~3x faster than float32 on CPUs with bf16 matmuls, and the rounding of the prediction
-        to bf16 is far below the maps' own error."""
+        """The map's prediction of (layer, which) from the observed tensors, at every position
+        of ``shape`` (``[batch, heads, positions, dim]``; a layer holding fewer keeps the last
+        ones). K's turn leaves V's partial sum in ``scratch``. The products run in bfloat16
+        (float32 accumulation): ~3x faster than float32 on CPUs with bf16 matmuls, and the
+        rounding of the prediction to bf16 is far below the maps' own error."""
+        rows, width = shape[2], shape[1] * shape[3]
         with torch.no_grad(), fixed_threads(MAP_THREADS):
             if which == 0 or layer not in scratch:
                 w, b = self._joint(layer)
-                x = _features(observed, _sources(layer, 0), rope).to(MAP_DTYPE)
+                x = _features(observed, _sources(layer, 0), ropes, rows).to(MAP_DTYPE)
                 y = torch.addmm(b, x, w).float()
-                width = shape[1] * shape[3]
                 scratch[layer] = y[:, width:]
                 if which == 0:
-                    return rope.rope(_untokens(y[:, :width], shape))
+                    k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width])
+                    return ropes.of(layer).rope(_untokens(k, shape))
             partial = scratch.pop(layer)
             wv = self._own_k(layer)
-            own = _tokens(rope.unrope(observed[layer, 0].float())).to(MAP_DTYPE)
-            return _untokens(partial + (own @ wv).float(), shape)
+            own = _features(observed, [(layer, 0)], ropes, rows).to(MAP_DTYPE)
+            v = self._fallback_predict(layer, 1, observed, ropes, shape, partial + (own @ wv).float())
+            return _untokens(v, shape)
+
+    def _fallback_predict(
+        self, layer: int, which: int, observed: Observed, ropes: Ropes, shape: tuple[int, ...], y: torch.Tensor
+    ) -> torch.Tensor:
+        """``y`` (the map's prediction, ``[batch * positions, width]``) with the positions some
+        source does not hold predicted by the fallback map instead (``_fallback_sources``)."""
+        sources = self._fallback(layer, which)
+        if sources is None:
+            return y
+        m = _missing(observed, _sources(layer, which), shape[2])
+        if m == 0:
+            return y
+        key = (layer, which)
+        if key not in self._fallback_maps:
+            name = f"maps.{layer}.{'kv'[which]}"
+            self._fallback_maps[key] = (
+                self.maps[f"{name}.fallback_weight"].to(MAP_DTYPE).contiguous(),
+                self.maps[f"{name}.fallback_bias"].to(MAP_DTYPE),
+            )
+        w, b = self._fallback_maps[key]
+        x = _first_rows(_features(observed, sources, ropes, shape[2]), shape[0], m).to(MAP_DTYPE)
+        out = y.reshape(shape[0], shape[2], -1).clone()
+        out[:, :m] = torch.addmm(b, x, w).float().reshape(shape[0], m, -1)
+        return out.reshape(y.shape)
 
     # -- fitting ---------------------------------------------------------------------------
     def fit(
@@ -392,9 +514,9 @@ class ModelPrefixPredictor:
         e.g. its fp8 round trip), per prompt, ``{(layer, which): prediction}``."""
         n = len(truths)
         folds = [list(range(i, n, FOLDS)) for i in range(min(FOLDS, n))]
-        seqs = [t[0][0].shape[2] for t in truths]
-        shapes = [tuple(t[0][0].shape) for t in truths]
-        ropes = [Rope(self.model, s, shapes[i][3]) for i, s in enumerate(seqs)]
+        # positions of a prompt: its longest layer's (a sliding layer holds the last ones)
+        seqs = [max(k.shape[2] for k, _ in t) for t in truths]
+        ropes = [Ropes(self.model, s, int(truths[i][0][0].shape[3])) for i, s in enumerate(seqs)]
         # observed tensors per variant and prompt; the fit uses the first variant's
         names = list(variants)
         observed = {
@@ -415,22 +537,61 @@ class ModelPrefixPredictor:
         with torch.no_grad():
             for layer, which in iterator:
                 sources = _sources(layer, which)
-                xs = {v: [_features(observed[v][p], sources, ropes[p]) for p in range(n)] for v in names}
+                fallback = self._fallback(layer, which)
+                name = f"maps.{layer}.{'kv'[which]}"
+                shapes = [tuple(t[layer][which].shape) for t in truths]
+                xs = {v: [_features(observed[v][p], sources, ropes[p], shapes[p][2]) for p in range(n)] for v in names}
                 ys = []
                 for p in range(n):
                     t = observed[names[0]][p][layer, which].float()
-                    ys.append(_tokens(ropes[p].unrope(t) if which == 0 else t))
-                weight, bias, fold_fits = _ridge_fit(xs[names[0]], ys, folds)
-                maps[f"maps.{layer}.{'kv'[which]}.weight"] = weight
-                maps[f"maps.{layer}.{'kv'[which]}.bias"] = bias
-                for (w_f, b_f), members in zip(fold_fits, folds):
+                    ys.append(_tokens(ropes[p].of(layer).unrope(t) if which == 0 else t))
+                # the main map learns from the positions every source holds
+                miss = [_missing(observed[names[0]][p], sources, shapes[p][2]) for p in range(n)]
+                weight, bias, fold_fits = _ridge_fit(
+                    [_rows_after(x, shapes[p][0], miss[p]) for p, x in enumerate(xs[names[0]])],
+                    [_rows_after(y, shapes[p][0], miss[p]) for p, y in enumerate(ys)],
+                    folds,
+                )
+                maps[f"{name}.weight"], maps[f"{name}.bias"] = weight, bias
+                fallback_fits: list[tuple[torch.Tensor, torch.Tensor]] = []
+                fx: dict[str, list[torch.Tensor]] = {}
+                if fallback is not None:
+                    fx = {
+                        v: [_features(observed[v][p], fallback, ropes[p], shapes[p][2]) for p in range(n)]
+                        for v in names
+                    }
+                    fw, fb, fallback_fits = _ridge_fit(fx[names[0]], ys, folds)
+                    maps[f"{name}.fallback_weight"], maps[f"{name}.fallback_bias"] = fw, fb
+                for f, ((w_f, b_f), members) in enumerate(zip(fold_fits, folds)):
                     for p in members:
                         for v in names:
-                            y = _untokens(torch.addmm(b_f, xs[v][p], w_f), shapes[p])
-                            oof[v][p][layer, which] = ropes[p].rope(y) if which == 0 else y
+                            y = torch.addmm(b_f, xs[v][p], w_f)
+                            if fallback is not None and miss[p]:
+                                fw_f, fb_f = fallback_fits[f]
+                                y = y.reshape(shapes[p][0], shapes[p][2], -1)
+                                x_f = _first_rows(fx[v][p], shapes[p][0], miss[p])
+                                y[:, : miss[p]] = torch.addmm(fb_f, x_f, fw_f).reshape(shapes[p][0], miss[p], -1)
+                                y = y.reshape(-1, y.shape[-1])
+                            y = _untokens(y, shapes[p])
+                            oof[v][p][layer, which] = ropes[p].of(layer).rope(y) if which == 0 else y
         self.maps = maps
         self._joint_maps = {}
+        self._fallback_maps = {}
         return oof
+
+
+def _rows_after(x: torch.Tensor, batch: int, m: int) -> torch.Tensor:
+    """Rows ``[batch * positions, f]`` without each batch entry's first ``m`` positions."""
+    if m == 0:
+        return x
+    kept = x.reshape(batch, x.shape[0] // batch, x.shape[-1])[:, m:]
+    return kept.reshape(kept.shape[0] * kept.shape[1], x.shape[-1])
+
+
+def _first_rows(x: torch.Tensor, batch: int, m: int) -> torch.Tensor:
+    """Rows ``[batch * positions, f]`` of each batch entry's first ``m`` positions."""
+    first = x.reshape(batch, x.shape[0] // batch, x.shape[-1])[:, :m]
+    return first.reshape(first.shape[0] * first.shape[1], x.shape[-1])
 
 
 def _ridge_fit(
@@ -451,6 +612,8 @@ def _ridge_fit(
         xx, xy, sx, sy = (cast(torch.Tensor, sum(stats[i][j] for i in parts)) for j in range(4))
         count = sum(stats[i][4] for i in parts)
         mx, my = sx / count, sy / count
+        if xx.shape[0] == 0:  # no features (a fallback map with no source): the mean alone
+            return torch.zeros(0, my.shape[0]), my.float().contiguous()
         cov = xx - count * torch.outer(mx, mx)
         cxy = xy - count * torch.outer(mx, my)
         lam = alpha * float(cov.diagonal().mean().clamp(min=1e-30))
@@ -490,7 +653,7 @@ class _PrefixRun:
         self.error: BaseException | None = None
         self.done = False
         self.cond = threading.Condition()
-        self.rope: Rope | None = None
+        self.ropes: Ropes | None = None
         self.scratch: dict[int, torch.Tensor] = {}
         self.shape: tuple[int, ...] | None = None
         # layers predicted without looking at decoded ones: the codec may decode them in bulk
@@ -525,17 +688,17 @@ class _PrefixRun:
         self.thread.join()
         if self.error is not None and not isinstance(self.error, _Stop):
             raise RuntimeError("the model's prefix failed") from self.error
-        if self.rope is None or self.shape is None:  # set together, on the first map
-            k = self.made[0][0]
+        if self.ropes is None or self.shape is None:  # set together, on the first map
+            k = self.made[0][0]  # the forward pass's new keys: every position of the prompt
             self.shape = tuple(k.shape)
-            self.rope = Rope(self.p.model, k.shape[2], k.shape[3], start=self.offset)
-        return self.p.map_predict(layer, which, self.observed, self.rope, self.shape, self.scratch)
+            self.ropes = Ropes(self.p.model, k.shape[2], k.shape[3], start=self.offset)
+        return self.p.map_predict(layer, which, self.observed, self.ropes, self.shape, self.scratch)
 
     def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
         self.observed[layer, which] = value
         # once a layer's V is in, what no later map reads is dropped (the next layer's maps
-        # read this layer and the HISTORY - 1 before it)
-        if which == 1:
+        # read this layer and the HISTORY - 1 before it; fallback maps may read further down)
+        if which == 1 and not self.p._windowed():
             for old in [key for key in self.observed if key[0] <= layer - HISTORY]:
                 del self.observed[old]
 
@@ -552,6 +715,7 @@ __all__ = [
     "ModelPrefixPredictor",
     "PrefixState",
     "Rope",
+    "Ropes",
     "default_prefix_layers",
     "layers_for_budget",
 ]

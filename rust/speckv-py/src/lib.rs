@@ -390,7 +390,8 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
 
 /// Wraps block-major `streams` in a cache container (`speckv::format::container`).
 #[pyfunction]
-#[pyo3(signature = (per_layer, layers, block_tokens, tokens, metadata, streams))]
+#[pyo3(signature = (per_layer, layers, block_tokens, tokens, metadata, streams, layer_tokens=None))]
+#[allow(clippy::too_many_arguments)]
 fn container_write<'py>(
     py: Python<'py>,
     per_layer: bool,
@@ -399,11 +400,12 @@ fn container_write<'py>(
     tokens: u64,
     metadata: &[u8],
     streams: Vec<Vec<u8>>,
+    layer_tokens: Option<Vec<u64>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let out = py
         .allow_threads(|| {
             let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-            container::write(per_layer, layers, block_tokens, tokens, metadata, &refs)
+            container::write(per_layer, layers, block_tokens, tokens, layer_tokens.as_deref(), metadata, &refs)
         })
         .map_err(to_py)?;
     Ok(PyBytes::new(py, &out))
@@ -425,8 +427,14 @@ fn container_info<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyRe
     d.set_item("streams_per_block", c.streams_per_block())?;
     d.set_item("metadata", PyBytes::new(py, &bytes[c.metadata.clone()]))?;
     d.set_item("total_bytes", bytes.len())?;
+    d.set_item("layer_tokens", c.layer_tokens.clone())?;
     let streams = pyo3::types::PyList::empty(py);
     for s in &c.streams {
+        // a layer that holds none of its block's tokens has no stream there
+        let Some(s) = s else {
+            streams.append(py.None())?;
+            continue;
+        };
         let e = header_dict(py, &s.header, s.range.len())?;
         e.set_item("offset", s.range.start)?;
         e.set_item("length", s.range.len())?;

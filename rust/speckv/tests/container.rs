@@ -2,7 +2,7 @@
 //! truncation and single-byte change is refused with an error, never a panic).
 
 use speckv::codec::EncodeOptions;
-use speckv::format::container::{self, Container, StreamLayers, FLAG_PER_LAYER};
+use speckv::format::container::{self, Container, StreamLayers, FLAG_LAYER_TOKENS, FLAG_PER_LAYER};
 use speckv::{decode_chunks_into, encode, Bits, BitsMut, DType, Error};
 
 mod common;
@@ -35,7 +35,7 @@ fn sample() -> (Vec<u8>, Vec<Vec<u16>>) {
         words.push(w);
     }
     let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-    (container::write(false, LAYERS as u32, 4, 7, b"{\"mode\":\"bf16\"}", &refs).unwrap(), words)
+    (container::write(false, LAYERS as u32, 4, 7, None, b"{\"mode\":\"bf16\"}", &refs).unwrap(), words)
 }
 
 #[test]
@@ -47,7 +47,7 @@ fn a_container_addresses_every_block_layer_and_kv() {
     assert_eq!(c.block_range(1), 4..7);
     for b in 0..2 {
         for kv in 0..2 {
-            let entry = c.stream(b, kv);
+            let entry = c.stream(b, kv).unwrap();
             assert_eq!(entry.layers, Some(StreamLayers::ChunksPerLayer(2)));
             let layer_len = words[2 * b + kv].len() / LAYERS as usize;
             for layer in 0..LAYERS {
@@ -72,9 +72,9 @@ fn layers_per_chunk_streams_address_their_layers() {
     let mut rng = Rng(3);
     let x: Vec<u16> = (0..LAYERS * HEADS * 4 * DIM).map(|_| bf16(rng.normal())).collect();
     let two = encode(Bits::U16(&x), DType::BFloat16, &[LAYERS, 1, HEADS, 4, DIM], None, &whole).unwrap();
-    let bytes = container::write(false, LAYERS as u32, 4, 4, b"", &[&two, &s]).unwrap();
+    let bytes = container::write(false, LAYERS as u32, 4, 4, None, b"", &[&two, &s]).unwrap();
     let c = Container::parse(&bytes).unwrap();
-    let layers = c.stream(0, 0).layers.unwrap();
+    let layers = c.stream(0, 0).unwrap().layers.unwrap();
     assert_eq!(layers, StreamLayers::LayersPerChunk(2));
     assert_eq!(layers.chunks_of(2), (1..2, 0));
     assert_eq!(layers.chunks_of(1), (0..1, 1));
@@ -88,14 +88,14 @@ fn the_writer_refuses_streams_that_do_not_fit_the_layout() {
     let cases: Vec<(bool, u64, Vec<&[u8]>)> =
         vec![(false, 4, vec![&s4]), (false, 4, vec![&s4, &s3]), (true, 4, vec![&s4; 6]), (false, 8, vec![&s4; 2])];
     for (per_layer, tokens, streams) in cases {
-        let r = container::write(per_layer, LAYERS as u32, 4, tokens, b"", &streams);
+        let r = container::write(per_layer, LAYERS as u32, 4, tokens, None, b"", &streams);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     }
     let mut rng = Rng(5);
     let x: Vec<u16> = (0..LAYERS * HEADS * 4 * DIM).map(|_| bf16(rng.normal())).collect();
     let odd = EncodeOptions { chunk_scalars: 40, ..Default::default() };
     let straddling = encode(Bits::U16(&x), DType::BFloat16, &[LAYERS, 1, HEADS, 4, DIM], None, &odd).unwrap();
-    let r = container::write(false, LAYERS as u32, 4, 4, b"", &[&straddling, &s4]);
+    let r = container::write(false, LAYERS as u32, 4, 4, None, b"", &[&straddling, &s4]);
     assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("straddle")));
 }
 
@@ -112,12 +112,12 @@ fn per_layer_containers_hold_a_stream_per_layer_and_kv() {
         }
     }
     let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-    let bytes = container::write(true, LAYERS as u32, 256, 5, b"", &refs).unwrap();
+    let bytes = container::write(true, LAYERS as u32, 256, 5, None, b"", &refs).unwrap();
     let c = Container::parse(&bytes).unwrap();
     assert_eq!(c.flags, FLAG_PER_LAYER);
     assert_eq!((c.blocks(), c.streams_per_block()), (1, 6));
-    assert_eq!(c.stream(0, 5).header.shape, vec![1, 3, 5, DIM]);
-    assert!(c.stream(0, 5).layers.is_none());
+    assert_eq!(c.stream(0, 5).unwrap().header.shape, vec![1, 3, 5, DIM]);
+    assert!(c.stream(0, 5).unwrap().layers.is_none());
 }
 
 /// Pinned bytes of the fixed part: a layout change must be a version change.
@@ -180,4 +180,88 @@ fn huge_counts_are_refused_before_allocating() {
     let mut bad = bytes.clone();
     bad[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(Container::parse(&bad), Err(Error::Corrupt(_))));
+}
+
+/// A per-layer container whose layers hold the last 7, 5 and 2 of 7 tokens (sliding windows),
+/// in blocks of 4: layer 2 holds no token of block 0; layer 1 holds tokens 2..4 of it.
+fn windowed() -> (Vec<u8>, Vec<Option<Vec<u16>>>) {
+    let counts = [7u64, 5, 2];
+    let mut rng = Rng(11);
+    let (mut streams, mut words) = (Vec::new(), Vec::new());
+    for b in 0..2u64 {
+        for &n in &counts {
+            let (start, end) = ((4 * b).max(7 - n), (4 * b + 4).min(7));
+            for _kv in 0..2 {
+                if start >= end {
+                    streams.push(Vec::new());
+                    words.push(None);
+                    continue;
+                }
+                let shape = [1, HEADS, end - start, DIM];
+                let x: Vec<u16> = (0..shape.iter().product::<u64>()).map(|_| bf16(rng.normal())).collect();
+                let opts = EncodeOptions::default();
+                streams.push(encode(Bits::U16(&x), DType::BFloat16, &shape, None, &opts).unwrap());
+                words.push(Some(x));
+            }
+        }
+    }
+    let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+    (container::write(true, LAYERS as u32, 4, 7, Some(&counts), b"{}", &refs).unwrap(), words)
+}
+
+#[test]
+fn layers_of_different_token_counts_hold_their_last_tokens() {
+    let (bytes, words) = windowed();
+    let c = Container::parse(&bytes).unwrap();
+    assert_eq!(c.flags, FLAG_PER_LAYER | FLAG_LAYER_TOKENS);
+    assert_eq!(c.layer_tokens, vec![7, 5, 2]);
+    assert_eq!((c.layer_block_range(0, 1), c.layer_block_range(0, 2)), (2..4, 4..4));
+    assert_eq!(c.layer_block_range(1, 2), 5..7);
+    for (i, want) in words.iter().enumerate() {
+        let (b, s) = (i / 6, i % 6);
+        match (c.stream(b, s), want) {
+            (None, None) => {}
+            (Some(entry), Some(want)) => {
+                let mut out = vec![0u16; want.len()];
+                decode_chunks_into(&bytes[entry.range.clone()], BitsMut::U16(&mut out), None, 1, None).unwrap();
+                assert_eq!(&out, want);
+            }
+            (got, want) => panic!("block {b} stream {s}: {:?} vs {:?}", got.is_some(), want.is_some()),
+        }
+    }
+    // the table sits between the fixed fields and the index
+    assert_eq!(u64::from_le_bytes(bytes[40..48].try_into().unwrap()), 5);
+}
+
+#[test]
+fn windowed_containers_refuse_what_does_not_fit() {
+    let (s, _) = block_stream(4, 1, 1);
+    // a table on a stacked layout, a table of the wrong length, a layer longer than the prompt
+    for (per_layer, counts) in [(false, vec![4u64, 4, 4]), (true, vec![4, 4]), (true, vec![4, 4, 5])] {
+        let r = container::write(per_layer, LAYERS as u32, 4, 4, Some(&counts), b"", &[s.as_slice(); 6]);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    }
+    // a stream where the layer holds none of the block's tokens, or none where it holds some
+    let (bytes, _) = windowed();
+    let c = Container::parse(&bytes).unwrap();
+    let mut refs: Vec<&[u8]> =
+        c.streams.iter().map(|e| e.as_ref().map_or(&b""[..], |e| &bytes[e.range.clone()])).collect();
+    let one = refs[0];
+    refs[4] = one;
+    let r = container::write(true, LAYERS as u32, 4, 7, Some(&[7, 5, 2]), b"", &refs);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    refs[4] = b"";
+    refs[2] = b"";
+    let r = container::write(true, LAYERS as u32, 4, 7, Some(&[7, 5, 2]), b"", &refs);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    // every truncation and flipped byte of the header is an error, never a panic
+    let head_end = u64::from_le_bytes(bytes[56..64].try_into().unwrap()) as usize;
+    for n in 0..bytes.len() {
+        assert!(Container::parse(&bytes[..n]).is_err(), "truncated to {n}");
+    }
+    for i in 0..head_end {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x40;
+        assert!(Container::parse(&bad).is_err(), "byte {i} changed");
+    }
 }

@@ -12,7 +12,10 @@
 //! 16      8            tokens T (1..=MAX_TOKENS)
 //! 24      4            metadata length M (<= MAX_METADATA)
 //! 28      4            reserved, 0
-//! 32      16 * N * S   stream index: for each block in token order, for each of its S
+//! 32      8 * L        layer tokens (only with FLAG_LAYER_TOKENS): per layer, u64 n_l <= T,
+//!                      the layer holds the LAST n_l of the T tokens (a sliding-window layer
+//!                      keeps its window; 0: a layer with no cache of its own)
+//! ..      16 * N * S   stream index: for each block in token order, for each of its S
 //!                      streams: offset u64 (from the container's first byte), length u64
 //! ..      M            metadata, opaque here (`speckv.hf` writes UTF-8 JSON: storage mode,
 //!                      model, calibration and predictor identities, prompt digest)
@@ -28,6 +31,10 @@
 //!   ([`StreamLayers::chunks_of`]);
 //! - per-layer layout (`FLAG_PER_LAYER`, S = 2L), for layers of different shapes: layer 0 K,
 //!   layer 0 V, layer 1 K, ..., each of shape `[batch, heads, tokens of the block, head dim]`.
+//!   With `FLAG_LAYER_TOKENS` (per-layer layout only) layer `l`'s streams in block `i` hold
+//!   the tokens of `i*B .. min((i+1)*B, T)` that the layer holds (`T - n_l .. T`,
+//!   [`Container::layer_block_range`]); where none are, the index entry is empty (length 0,
+//!   no stream).
 //!
 //! A stream coded with the joint residual model (`FLAG_JOINT` in its own header, see
 //! `crate::joint`) stores its layers channel-major: tokens are its last axis
@@ -49,7 +56,10 @@ pub const CONTAINER_MAGIC: [u8; 4] = *b"SPKC";
 pub const CONTAINER_VERSION: u16 = 2;
 /// One stream per layer and K/V in each block (layers of different shapes); otherwise stacked.
 pub const FLAG_PER_LAYER: u16 = 1 << 0;
-const KNOWN_FLAGS: u16 = FLAG_PER_LAYER;
+/// A table of per-layer token counts follows the fixed fields: layers hold the last `n_l`
+/// tokens (sliding windows), and a block's stream of a layer holds only those of its tokens.
+pub const FLAG_LAYER_TOKENS: u16 = 1 << 1;
+const KNOWN_FLAGS: u16 = FLAG_PER_LAYER | FLAG_LAYER_TOKENS;
 
 /// Most layers a container may claim (refused before anything is sized by it).
 pub const MAX_LAYERS: u32 = 1 << 12;
@@ -100,8 +110,12 @@ pub struct Container {
     pub block_tokens: u32,
     pub tokens: u64,
     pub metadata: Range<usize>,
-    /// `blocks() * streams_per_block()` entries, block-major.
-    pub streams: Vec<StreamEntry>,
+    /// Tokens each layer holds (the last ones of `tokens`): `tokens` for every layer unless
+    /// `FLAG_LAYER_TOKENS` says otherwise.
+    pub layer_tokens: Vec<u64>,
+    /// `blocks() * streams_per_block()` entries, block-major; `None` where a layer holds no
+    /// token of the block (`FLAG_LAYER_TOKENS` only).
+    pub streams: Vec<Option<StreamEntry>>,
 }
 
 fn block_count(tokens: u64, block_tokens: u32) -> u64 {
@@ -127,9 +141,18 @@ impl Container {
         start..(start + self.block_tokens as u64).min(self.tokens)
     }
 
-    /// Stream `s` of block `b` (`s`: 0 K / 1 V stacked; `2 * layer + kv` per layer).
-    pub fn stream(&self, b: usize, s: usize) -> &StreamEntry {
-        &self.streams[b * self.streams_per_block() + s]
+    /// Positions (of the `tokens`) of block `b` that `layer` holds: the block's tokens from
+    /// `tokens - layer_tokens[layer]` on; empty where the layer holds none of them.
+    pub fn layer_block_range(&self, b: usize, layer: usize) -> Range<u64> {
+        let block = self.block_range(b);
+        let first = self.tokens - self.layer_tokens[layer];
+        block.start.max(first).min(block.end)..block.end
+    }
+
+    /// Stream `s` of block `b` (`s`: 0 K / 1 V stacked; `2 * layer + kv` per layer); `None`
+    /// where the layer holds no token of the block.
+    pub fn stream(&self, b: usize, s: usize) -> Option<&StreamEntry> {
+        self.streams[b * self.streams_per_block() + s].as_ref()
     }
 
     /// Parses and validates the container header, its index and every stream's header
@@ -151,6 +174,9 @@ impl Container {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(Error::Unsupported(format!("unknown container flags {flags:#06x}")));
         }
+        if flags & FLAG_LAYER_TOKENS != 0 && flags & FLAG_PER_LAYER == 0 {
+            return corrupt("per-layer token counts in a stacked container");
+        }
         let layers = r.u32()?;
         let block_tokens = r.u32()?;
         let tokens = r.u64()?;
@@ -165,6 +191,23 @@ impl Container {
         if metadata_len > MAX_METADATA {
             return corrupt(format!("{metadata_len} bytes of metadata (at most {MAX_METADATA})"));
         }
+        let layer_tokens = if flags & FLAG_LAYER_TOKENS != 0 {
+            // the table must be in the bytes before room is made for it
+            if 8 * layers as usize > bytes.len() - r.pos {
+                return corrupt("truncated: the container's layer tokens run past the end");
+            }
+            let mut counts = Vec::with_capacity(layers as usize);
+            for _ in 0..layers {
+                let n = r.u64()?;
+                if n > tokens {
+                    return corrupt(format!("a layer of {n} tokens in a container of {tokens}"));
+                }
+                counts.push(n);
+            }
+            counts
+        } else {
+            vec![tokens; layers as usize]
+        };
         let n_streams = block_count(tokens, block_tokens) * streams_per_block(flags, layers) as u64;
         // The index must fit in the bytes present before room is made for it.
         if n_streams.saturating_mul(INDEX_ENTRY_LEN as u64) > (bytes.len() - r.pos) as u64 {
@@ -190,10 +233,24 @@ impl Container {
             block_tokens,
             tokens,
             metadata,
+            layer_tokens,
             streams: Vec::with_capacity(spans.len()),
         };
         let per_block = container.streams_per_block();
         for (i, &(offset, length)) in spans.iter().enumerate() {
+            let (b, s) = (i / per_block, i % per_block);
+            let block =
+                if container.per_layer() { container.layer_block_range(b, s / 2) } else { container.block_range(b) };
+            if block.is_empty() {
+                // the layer holds none of the block's tokens: an empty entry, where it should be
+                if offset != expected || length != 0 {
+                    return corrupt(format!(
+                        "stream {i}: the layer holds no token of its block, but has {length} bytes"
+                    ));
+                }
+                container.streams.push(None);
+                continue;
+            }
             let end = offset.checked_add(length).filter(|&e| e <= bytes.len() as u64);
             let end = match end {
                 Some(end) if offset == expected => end,
@@ -204,10 +261,9 @@ impl Container {
             expected = end;
             let range = offset as usize..end as usize;
             let header = Header::parse(&bytes[range.clone()]).map_err(|e| in_stream(i, e))?;
-            let block = container.block_range(i / per_block);
             let layers = check_stream(&header, block.end - block.start, &container)
                 .map_err(|m| Error::Corrupt(format!("stream {i}: {m}")))?;
-            container.streams.push(StreamEntry { range, header, layers });
+            container.streams.push(Some(StreamEntry { range, header, layers }));
         }
         if expected != bytes.len() as u64 {
             return corrupt(format!("streams end at byte {expected} but the container has {} bytes", bytes.len()));
@@ -261,18 +317,30 @@ fn check_stream(h: &Header, block_tokens: u64, c: &Container) -> std::result::Re
 }
 
 /// Writes a container around `streams` (block-major, `streams_per_block` each, see the
-/// layout above) and validates the result as a reader would.
+/// layout above; an empty slice where a layer holds none of a block's tokens) and validates
+/// the result as a reader would. `layer_tokens`: per layer, how many of the last tokens it
+/// holds (per-layer layout only; `None`: every layer holds every token).
 pub fn write(
     per_layer: bool,
     layers: u32,
     block_tokens: u32,
     tokens: u64,
+    layer_tokens: Option<&[u64]>,
     metadata: &[u8],
     streams: &[&[u8]],
 ) -> Result<Vec<u8>> {
-    let flags = if per_layer { FLAG_PER_LAYER } else { 0 };
+    let mut flags = if per_layer { FLAG_PER_LAYER } else { 0 };
     if layers == 0 || layers > MAX_LAYERS || block_tokens == 0 || tokens == 0 || tokens > MAX_TOKENS {
         return invalid(format!("container of {layers} layers, {tokens} tokens in blocks of {block_tokens}"));
+    }
+    if let Some(counts) = layer_tokens {
+        if !per_layer {
+            return invalid("layer_tokens: only the per-layer layout holds layers of different token counts");
+        }
+        if counts.len() != layers as usize || counts.iter().any(|&n| n > tokens) {
+            return invalid(format!("layer_tokens: {counts:?} for {layers} layers of at most {tokens} tokens"));
+        }
+        flags |= FLAG_LAYER_TOKENS;
     }
     if metadata.len() > MAX_METADATA as usize {
         return invalid(format!("metadata: {} bytes (at most {MAX_METADATA})", metadata.len()));
@@ -281,7 +349,8 @@ pub fn write(
     if streams.len() != expected {
         return invalid(format!("{} streams given, the layout has {expected}", streams.len()));
     }
-    let head = FIXED_LEN + INDEX_ENTRY_LEN * streams.len() + metadata.len() + CHECKSUM_LEN;
+    let table = layer_tokens.map_or(0, |c| 8 * c.len());
+    let head = FIXED_LEN + table + INDEX_ENTRY_LEN * streams.len() + metadata.len() + CHECKSUM_LEN;
     let total = head + streams.iter().map(|s| s.len()).sum::<usize>();
     let mut out = Vec::with_capacity(total);
     out.extend_from_slice(&CONTAINER_MAGIC);
@@ -292,6 +361,9 @@ pub fn write(
     out.extend_from_slice(&tokens.to_le_bytes());
     out.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
+    for n in layer_tokens.unwrap_or(&[]) {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
     let mut offset = head as u64;
     for s in streams {
         out.extend_from_slice(&offset.to_le_bytes());
