@@ -184,3 +184,67 @@ def test_the_joint_fit_survives_degenerate_channels_and_says_so():
     assert all(bool(torch.isfinite(t).all()) for t in out.values())
     assert fit.repairs["0"]["degenerate_channels"] == [0, 4]
     assert bool((out["sigma"] > 0).all())
+
+
+def test_the_prefix_store_serves_sliding_window_models_from_caches_that_kept_every_token():
+    """A stored block holds every layer's tokens; a model's own sliding cache (tokens dropped)
+    is refused with the reason; ``generate`` keeps every token and continues as the model."""
+    from speckv.hf import PrefixStore
+    from speckv.store import MemoryBackend
+
+    model = tiny("gemma3")
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, 2))
+    codec.calibrate([ids(32, s) for s in range(4)])
+    store = PrefixStore(codec, MemoryBackend(), block_size=4)
+    prompt = ids(18, 5)
+    with torch.no_grad():
+        windowed = model(input_ids=prompt, use_cache=True).past_key_values
+    with pytest.raises(UnsupportedModelError, match="sliding window"):
+        store.put(prompt, windowed)
+    full = transformers.DynamicCache()
+    with torch.no_grad():
+        model(input_ids=prompt, cache=full, use_cache=True)
+    assert store.put(prompt, full) == 16
+    cache, n = store.get(prompt, dequantize=False)
+    assert n == 16
+    for (k, v), (k2, v2) in zip(extract_kv(full), extract_kv(cache)):
+        assert torch.equal(k[:, :, :16].to(torch.bfloat16), k2) and torch.equal(v[:, :, :16].to(torch.bfloat16), v2)
+    # a prompt that shares the stored blocks: generation from the restored prefix is the
+    # model's own from the same 16 tokens' cache
+    longer = torch.cat([prompt, ids(6, 6)], dim=1)
+    cut = build_cache([(k[:, :, :16].clone(), v[:, :, :16].clone()) for k, v in extract_kv(full)])
+    want = model.generate(longer, max_new_tokens=4, do_sample=False, cache=cut)
+    got = store.generate(longer, max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, want)
+    assert store.stats()["hits"] == 4 + 4  # get's four blocks, then generate's
+    # generate stored the new blocks from a cache that kept every token
+    assert store.match(got) == 24
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2"])
+def test_the_joint_model_codes_layers_of_different_token_counts(kind):
+    """Sliding layers hold fewer tokens than full ones, so the container is per layer: each
+    layer with a joint model is its own channel-major stream, V given K's residuals; the
+    whole-prompt decode, the layer-wise walk and one layer alone all read it back."""
+    import speckv
+
+    model = tiny(kind)
+    for predictor in (Fp8Predictor(model), ModelPrefixPredictor(model, 2)):
+        codec = SpeculativeCodec(model, predictor=predictor, joint=True)
+        codec.calibrate([ids(24, s) for s in range(4)])
+        assert codec.calibration.joint
+        prompt = ids(21, 4)
+        kv = prefill(model, prompt)
+        for mode, word in WORDS.items():
+            data = codec.compress(build_cache(kv), prompt, mode, block_size=8)
+            assert codec.read_header(data).metadata["joint"] is True
+            facts = speckv.info(data)
+            assert facts["layout"] == ("per-layer" if kind == "gemma3" else "stacked")
+            back = extract_kv(codec.decompress(data, prompt, dequantize=False))
+            for layer, ((k, v), (k2, v2)) in enumerate(zip(kv, back)):
+                for which, (a, b) in enumerate(((k, k2), (v, v2))):
+                    ref = stored(codec, mode, layer, which, a)
+                    assert torch.equal(ref.view(word), b.view(word)), (type(predictor).__name__, mode, layer, which)
+            last = len(kv) - 1
+            k1, v1 = codec.decompress_layer(data, prompt, last)
+            assert torch.equal(v1.view(word), back[last][1].view(word))

@@ -450,7 +450,7 @@ class SpeculativeCodec:
     ) -> bytes:
         cal = self._calibration()
         layout = _layout([(t, None, None) for pair in kv for t in pair])
-        joint = self.joint and layout == "stacked" and bool(_joint_layers(cal))
+        joint = self.joint and bool(_joint_layers(cal))
         # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
         # module runs on: only coded bytes cross to the host. The exact model (the fast one
         # codes on the host); the bytes are the host's either way.
@@ -467,6 +467,7 @@ class SpeculativeCodec:
         block = _block_size(block_size, tokens)
         layerwise = is_layerwise(self.predictor)
         blocks = []
+        joint_mode = dtype if joint else None
         for start in range(0, tokens, block):
             if layout == "stacked":
                 part = [_tokens(job, start, start + block) for job in jobs]
@@ -476,19 +477,12 @@ class SpeculativeCodec:
                 continue
             # per layer: the block's tokens that each layer holds (none: no stream)
             stop = min(start + block, tokens)
-            ranges = [container.held_range(start, stop, tokens, held[i // 2]) for i in range(len(jobs))]
-            part = [_tokens(job, *r) for job, r in zip(jobs, ranges)]
-            blocks.append(
-                _parallel(
-                    lambda job: (
-                        _api.encode(job[0], job[1], sigma_codes=job[2], threads=1, model=model)
-                        if job[1].shape[2]
-                        else b""
-                    ),
-                    part,
-                    threads,
-                )
-            )
+            pairs = []
+            for layer in range(len(kv)):
+                lo, hi = container.held_range(start, stop, tokens, held[layer])
+                pairs.append((layer, _tokens(jobs[2 * layer], lo, hi), _tokens(jobs[2 * layer + 1], lo, hi)))
+            coded = _parallel(lambda p: self._encode_layer(p[0], p[1], p[2], joint_mode, model), pairs, threads)
+            blocks.append([data for pair in coded for data in pair])
         metadata: dict[str, Any] = {
             "mode": dtype,
             "model": self.fingerprint,
@@ -551,10 +545,59 @@ class SpeculativeCodec:
             )
         return streams
 
-    def _joint_model(self, mode: str, which: int, tokens: int, outside: Any) -> _api.Joint:
+    def _encode_layer(
+        self, layer: int, k: Any, v: Any, joint_mode: str | None, model: _api.Model
+    ) -> tuple[bytes, bytes]:
+        """A block's stream of one layer's K and of its V (per-layer layout; ``b""`` where the
+        layer holds none of the block's tokens). With the joint model (``joint_mode``: the
+        storage mode) where the calibration has one for the layer, both channel-major, each
+        one chunk, V conditioned on K's residuals; else each scalar on its own."""
+        if k[1].shape[2] == 0:
+            return b"", b""
+        if joint_mode is None or layer not in _joint_layers(self._calibration()):
+            return tuple(  # type: ignore[return-value]
+                _api.encode(x, mu, sigma_codes=codes, threads=1, model=model) for x, mu, codes in (k, v)
+            )
+        out, outside = [], None
+        for which, job in enumerate((k, v)):
+            x, mu, codes = _channel_major(job)
+            tokens = int(mu.shape[-1])
+            joint = self._joint_model(joint_mode, which, tokens, outside, layer)
+            out.append(
+                _api.encode(x, mu, sigma_codes=codes, threads=1, chunk_size=mu.numel(), model=model, joint=joint)
+            )
+            outside = _api.residuals(x, mu).reshape(1, -1, tokens)
+        return out[0], out[1]
+
+    def _decode_layer(
+        self, c: container.Container, b: int, layer: int, targets: Any, joint: bool, threads: int = 1
+    ) -> list[torch.Tensor]:
+        """Block ``b``'s K and V of one layer (per-layer layout; ``targets``: the layer's K
+        and V ``(None, mu, sigma codes)``, cut to the block here); empty where the layer holds
+        none of the block's tokens. See ``_encode_layer``."""
+        lo, hi = c.layer_range(b, layer)
+        if lo == hi:
+            return []
+        parts = [_tokens(t, lo, hi) for t in targets]
+        if not (joint and layer in _joint_layers(self._calibration())):
+            return [
+                _api.decode(c.stream(b, layer, which).data, mu, sigma_codes=codes, threads=threads)
+                for which, (_, mu, codes) in enumerate(parts)
+            ]
+        out, outside = [], None
+        for which, job in enumerate(parts):
+            _, mu, codes = _channel_major(job)
+            model = self._joint_model(c.metadata["mode"], which, hi - lo, outside, layer)
+            got = _api.decode(c.stream(b, layer, which).data, mu, sigma_codes=codes, threads=threads, joint=model)
+            outside = _api.residuals(got, mu).reshape(1, -1, hi - lo)
+            out.append(got.transpose(-1, -2))
+        return out
+
+    def _joint_model(self, mode: str, which: int, tokens: int, outside: Any, layer: int | None = None) -> _api.Joint:
         """The joint model of a block's K (``which=0``) or V stream: the calibration's
-        coefficients of every layer (zero for layers without one), V conditioned on the
-        block's K residuals ``outside`` (``[layers, channels, tokens]``)."""
+        coefficients of every layer (zero for layers without one), or of ``layer`` alone (a
+        per-layer stream), V conditioned on the block's K residuals ``outside`` (``[layers,
+        channels, tokens]``)."""
         cal = self._calibration()
         if self._joint_source is not cal:
             # another calibration (holding it keeps its id from being reused by a new one)
@@ -570,6 +613,8 @@ class SpeculativeCodec:
             offset = np.ascontiguousarray(m["offset"][:, rows].numpy(), dtype=np.float32)
             self._joint_arrays[key] = (c, coef, offset)
         c, coef, offset = self._joint_arrays[key]
+        if layer is not None:
+            coef, offset = coef[layer : layer + 1], offset[layer : layer + 1]
         return _api.Joint(c, tokens, coef, offset, outside if which == 1 else None, self.token_scale)
 
     @staticmethod
@@ -657,29 +702,25 @@ class SpeculativeCodec:
                             piece = got[layer - first + skip]
                             parts[layer][which].append(piece.transpose(-1, -2) if joint else piece)
         else:
-            jobs, places = [], []
+            jobs = []
             for layer in wanted:
-                for which in (0, 1):
-                    p = last_tokens(pred[layer][which], c.held(layer), layer)
-                    target = self._coding(mode, layer, which, None, p)
-                    for b in range(len(c.blocks)):
-                        lo, hi = c.layer_range(b, layer)
-                        if lo == hi:  # the layer holds none of the block's tokens
-                            continue
-                        _, mu, codes = _tokens(target, lo, hi)
-                        jobs.append((c.stream(b, layer, which).data, mu, codes))
-                        places.append((layer, which))
-            out = _parallel(lambda job: _api.decode(job[0], job[1], sigma_codes=job[2], threads=1), jobs, threads)
-            for (layer, which), got in zip(places, out):
-                parts[layer][which].append(got)
+                targets = [
+                    self._coding(mode, layer, which, None, last_tokens(pred[layer][which], c.held(layer), layer), joint)
+                    for which in (0, 1)
+                ]
+                jobs += [(b, layer, targets) for b in range(len(c.blocks))]
+            out = _parallel(lambda job: self._decode_layer(c, job[0], job[1], job[2], joint), jobs, threads)
+            for (_, layer, _), got in zip(jobs, out):
+                for which, piece in enumerate(got):
+                    parts[layer][which].append(piece)
         return c, {layer: (_join(k), _join(v)) for layer, (k, v) in parts.items()}
 
     def _reads_joint(self, c: container.Container) -> bool:
         """Whether the container was coded with the joint model (then the calibration, already
         checked to be the encoder's, has it)."""
         joint = bool(c.metadata.get("joint"))
-        if joint and (c.layout != "stacked" or not _joint_layers(self._calibration())):
-            raise CorruptStreamError("cache container: joint coding without a stacked layout or a joint calibration")
+        if joint and not _joint_layers(self._calibration()):
+            raise CorruptStreamError("cache container: joint coding without a joint calibration")
         return joint
 
     def _decode_walk(
@@ -716,14 +757,15 @@ class SpeculativeCodec:
         upto = max(wanted) + 1
 
         joint = self._reads_joint(c)
+        joint_layers = _joint_layers(self._calibration()) if joint else set()
         # joint: per block, the keys' residuals of every layer decoded so far (the values'
-        # outside channels)
+        # outside channels; per-layer layout: of the layer being decoded)
         outside: dict[int, np.ndarray] = {}
 
         def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
             pred = last_tokens(pred, c.held(layer), layer)
             if not stacked:
-                _, mu, sigma = self._coding(mode, layer, which, None, pred)
+                _, mu, sigma = self._coding(mode, layer, which, None, pred, joint)
                 return mu, sigma
             mu = self._mu(mode, layer, which, pred, joint)
             code = self._sigma_codes(mode, layer, which, mu, joint)
@@ -751,8 +793,17 @@ class SpeculativeCodec:
                     lo, hi = c.layer_range(b, first)
                     if lo == hi:  # the layer holds none of the block's tokens
                         return []
-                    _, mu_b, codes_b = _tokens((None, mu, sigma), lo, hi)
-                    return [_api.decode(c.stream(b, first, which).data, mu_b, sigma_codes=codes_b, threads=n)]
+                    data = c.stream(b, first, which).data
+                    job = _tokens((None, mu, sigma), lo, hi)
+                    if not (joint and first in joint_layers):
+                        return [_api.decode(data, job[1], sigma_codes=job[2], threads=n)]
+                    # the layer's K then V channel-major, V given this block's K residuals
+                    _, mu_b, codes_b = _channel_major(job)
+                    layer_joint = self._joint_model(mode, which, hi - lo, outside.get(b) if which else None, first)
+                    got = _api.decode(data, mu_b, sigma_codes=codes_b, threads=n, joint=layer_joint)
+                    if which == 0:
+                        outside[b] = _api.residuals(got, mu_b).reshape(1, -1, hi - lo)
+                    return [got.transpose(-1, -2)]
                 stream = c.stream(b, first, which)
                 chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
                 model = None
@@ -770,7 +821,7 @@ class SpeculativeCodec:
                     got = got.transpose(-1, -2)
                 return list(got)
 
-            if joint and stacked and len(c.blocks) > 1 and n > 1:
+            if joint and len(c.blocks) > 1 and n > 1:
                 # a jointly coded layer is one chunk, which one thread decodes: spread the
                 # token blocks over the threads instead (a block's values read only its own
                 # keys' residuals)

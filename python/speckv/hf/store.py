@@ -12,6 +12,15 @@ same last bits as one over 1,024. So the predictor runs block by block, each blo
 the predictor's own cache of the blocks before it (``PrefixState``), on both sides: a block's
 predictions then depend only on the tokens up to its end, and ``get`` returns the stored cache's
 first ``n`` tokens bit for bit, whichever prompt stored them.
+
+Sliding-window layers (Gemma 2/3, Mistral-style windows): a stored block holds its tokens'
+keys and values in *every* layer, so that any stored prefix can be served, a short one whose
+window still holds early blocks as well as a long one. A model's own cache drops the tokens
+that left a sliding layer's window, which are then in no cache: ``put`` refuses such a cache
+(``UnsupportedModelError``, naming the layer) and asks for one that kept every token, a
+``DynamicCache()`` made without the model's config (the model's masks still apply the
+window, so its outputs are the same); ``generate`` prefills with one. ``get`` returns a cache
+whose layers hold every token of the prefix, which the model reads through the same masks.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import torch
 
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, pack_entry, unpack_entry
+from .architecture import UnsupportedModelError, layer_windows, text_config
 from .cache import build_cache
 from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
 from .predictors import describe
@@ -98,7 +108,14 @@ class PrefixStore:
         stored yet; returns how many tokens that was."""
         ids = _ids(input_ids)
         kv = self.codec._check_cache(cache)
-        seq = kv[0][0].shape[2]
+        seq = max(k.shape[2] for k, _ in kv)
+        for layer, (k, _) in enumerate(kv):
+            if k.shape[2] < seq:
+                raise UnsupportedModelError(
+                    f"cache: layer {layer} holds {k.shape[2]} of {seq} tokens (a sliding window dropped the rest): "
+                    "the prefix store keeps every layer of every block; store a cache that kept every token "
+                    "(a DynamicCache() made without the model's config: the masks still apply the window)"
+                )
         if seq < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
         predictor = self._predictor
@@ -194,6 +211,11 @@ class PrefixStore:
             cache.crop(-1)  # generate needs at least one token to run the model on
         kwargs = dict(generate_kwargs)
         kwargs["return_dict_in_generate"] = True
+        if cache is None and any(w is not None for w in layer_windows(text_config(model))):
+            # a cache that keeps every token of every layer, so that its blocks can be stored
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
         if cache is not None:
             kwargs[_cache_argument(model)] = cache
         out = model.generate(ids, **kwargs)
