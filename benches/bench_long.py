@@ -95,7 +95,7 @@ def main() -> None:
             data = codec.compress(kv, prompt, args.mode)
         with Peak() as dec:
             restored = codec.decompress(data, prompt, dequantize=False)
-        _, t_restore = best(lambda prompt=prompt: codec.decompress(data, prompt, dequantize=False), args.repeat)
+        _, t_restore = best(lambda d=data, p=prompt: codec.decompress(d, p, dequantize=False), args.repeat)
         exact = True
         for layer, ((k, v), (k2, v2)) in enumerate(zip(kv, extract_kv(restored))):
             for which, (a, b) in enumerate(((k, k2), (v, v2))):

@@ -1,7 +1,9 @@
 """The frontier per model: for every model at hand (the demo model, the models
 ``../shared/models/fetch-models.sh`` fetched, any GGUF file or transformers folder given), bits per
-scalar in bf16 and fp8 (container included) for each predictor, each predictor's cost as a share
-of the prefill in FLOPs (counted from the config) and in wall time, restore / prefill, the
+scalar in bf16 and fp8 (container included) for each predictor, each predictor's cost in FLOPs
+(counted from the config, as a share of a recompute: every layer, the last token's logits) and
+in wall time, restore against the model's prefill (every token's logits, as ``speckv eval``) and
+against a recompute (the last token's logits, as an engine prefills), the
 calibration's time, and where the bits go (layers the model computes against mapped ones, K
 against V). Held-out text of another genre than the calibration text (the bundled GPL-3 text).
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from speckv.cli import _calibrated_codec, _evaluate, build_parser, make_predictor
-from speckv.hf import load_demo_model, load_model
+from speckv.hf import cost, load_demo_model, load_model
 from speckv.hf.demo import bundled_text, prompts
 from speckv.hf.predictors import describe
 from speckv.hf.prefix import HISTORY, ModelPrefixPredictor
@@ -40,40 +42,22 @@ def fetched_models() -> list[Path]:
     return sorted(p for p in folder.glob("*.gguf") if Path(f"{p}.ok").exists())
 
 
-def layer_flops(config: Any, tokens: int) -> tuple[float, float]:
-    """FLOPs of one decoder layer over a prompt of ``tokens`` (projections, MLP, attention
-    scores and mixing; a sliding layer's attention over its window), and of the LM head."""
-    hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", heads) or heads)
-    dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    inter = int(config.intermediate_size)
-    proj = 2 * tokens * hidden * (2 * heads * dim + 2 * kv * dim)  # q, o; k, v
-    mlp = 2 * tokens * 3 * hidden * inter  # gate, up, down
-    window = getattr(config, "sliding_window", None)
-    span = min(tokens, int(window)) if window else tokens
-    attention = 2 * 2 * tokens * span * heads * dim / 2  # causal: half the square
-    return float(proj + mlp + attention), float(2 * tokens * hidden * int(config.vocab_size))
-
-
 def predictor_flops(predictor: Any, config: Any, tokens: int) -> float:
-    """FLOPs of a predictor's work on one prompt, as a share of the model's prefill."""
-    n = int(config.num_hidden_layers)
-    layer, head = layer_flops(config, tokens)
-    prefill = n * layer + head
+    """FLOPs of a predictor's work on one prompt, as a share of a recompute (every layer, the
+    last token's logits; ``speckv.hf.cost``)."""
     d = describe(predictor)
     if d["name"] == "channel-stats":
         return 0.0
     if d["name"] == "fp8":
         return 1.0  # the whole model (fp8 weights, same products)
     assert isinstance(predictor, ModelPrefixPredictor)
-    kv = int(getattr(config, "num_key_value_heads", config.num_attention_heads))
+    n = int(config.num_hidden_layers)
+    kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     width = kv * dim
-    mapped = n - predictor.layers
     # a mapped layer: K and V's previous-layer part in one product, then V's own-K part
-    maps = mapped * 2 * tokens * (2 * HISTORY * width * 2 * width + width * width)
-    return (predictor.layers * layer + maps) / prefill
+    maps = (n - predictor.layers) * 2 * tokens * (2 * HISTORY * width * 2 * width + width * width)
+    return cost.prefix_share(config, predictor.layers, tokens) + maps / cost.recompute_flops(config, tokens)
 
 
 def where_bits_go(result: dict[str, Any], predictor: Any, mode: str) -> str:
@@ -125,7 +109,7 @@ def main() -> None:
             row = {
                 "model": label,
                 "predictor": spec,
-                "flops": predictor_flops(codec.predictor, model.config, args.seq_len),
+                "flops": predictor_flops(codec.predictor, cost.text_config(model), args.seq_len),
                 "predict": result["modes"]["bf16"]["predict_over_prefill"] if "bf16" in result["modes"] else None,
                 "calibration": "cached" if cached else f"{calibration_s:.0f} s",
                 "exact": exact,
@@ -134,14 +118,17 @@ def main() -> None:
             for mode, m in result["modes"].items():
                 row[mode] = m["bits_per_scalar"]["with_container"]
                 row[f"restore_{mode}"] = m["restore_over_prefill"]
+                row[f"recompute_{mode}"] = m["restore_over_recompute"]
             table.append(row)
             print(_row(row, args.modes.split(",")), flush=True)
     print()
-    print("| model | predictor | " + " | ".join(f"{m} b/s | restore ({m})" for m in args.modes.split(",")), end="")
-    print(" | FLOPs / prefill | predict / prefill | calibration | exact |")
-    print("|---|---|" + "---:|---:|" * len(args.modes.split(",")) + "---:|---:|---|---|")
+    modes = args.modes.split(",")
+    print("| model | predictor | " + " | ".join(f"{m} b/s" for m in modes), end="")
+    print(" | restore / prefill | restore / recompute | FLOPs / recompute | predict / prefill | calibration | exact |")
+    print("|---|---|" + "---:|" * len(modes) + "---:|---:|---:|---:|---|---|")
     for row in table:
-        cells = [f"{row[m]:.3f} | {row[f'restore_{m}']:.2f}x" for m in args.modes.split(",")]
+        cells = [f"{row[m]:.3f}" for m in modes]
+        cells.append(f"{row[f'restore_{modes[0]}']:.2f}x | {row[f'recompute_{modes[0]}']:.2f}x")
         print(
             f"| {row['model']} | {row['predictor']} | " + " | ".join(cells) + f" | {row['flops']:.3f} | "
             f"{row['predict']:.2f}x | {row['calibration']} | {'yes' if row['exact'] else 'NO'} |"
@@ -160,7 +147,10 @@ def main() -> None:
 
 
 def _row(row: dict[str, Any], modes: list[str]) -> str:
-    cells = " ".join(f"{m} {row[m]:.3f} b/s restore {row[f'restore_{m}']:.2f}x" for m in modes)
+    cells = " ".join(
+        f"{m} {row[m]:.3f} b/s restore {row[f'restore_{m}']:.2f}x ({row[f'recompute_{m}']:.2f}x recompute)"
+        for m in modes
+    )
     return f"{row['model']} {row['predictor']}: {cells} flops {row['flops']:.3f} ({row['calibration']})"
 
 

@@ -72,6 +72,18 @@ def prefill(model: Any, input_ids: torch.Tensor) -> KV:
     return [(k.detach(), v.detach()) for k, v in extract_kv(cache)]
 
 
+def recompute(model: Any, input_ids: torch.Tensor) -> None:
+    """What recomputing the cache of ``input_ids`` costs a serving engine: the forward pass
+    with the last token's logits only (``logits_to_keep=1`` where the model takes it), not
+    every token's as ``prefill`` computes them (the LM head is 20-60% of a small model's
+    prefill). The baseline of ``restore_over_recompute``."""
+    import inspect
+
+    kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with torch.no_grad():
+        model(input_ids=input_ids, use_cache=True, **kw)
+
+
 @contextlib.contextmanager
 def attention(model: Any, implementation: str) -> Iterator[None]:
     """Runs ``model`` with another attention implementation (``"eager"``, ``"sdpa"``), then

@@ -29,6 +29,7 @@ from .._speckv import CorruptStreamError, PredictionMismatchError
 from .architecture import check_architecture, layer_windows, text_config
 from .cache import KV, build_cache, extract_kv, last_tokens
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
+from .cost import joint_by_default
 from .layerwise import is_layerwise, walk
 from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
@@ -198,9 +199,15 @@ class SpeculativeCodec:
         self.predictor: AnyPredictor = predictor if predictor is not None else ModelPrefixPredictor(model)
         # Code with the calibration's joint residual model where it has one (decoders follow
         # what the container says). Default: for whole-prompt predictors (the fp8 copy: 6% /
-        # 9% fewer bits, the predictor dominates the restore anyway), not for layer-wise ones,
-        # whose restore it would make slower than the model's prefill (README, "Joint model").
-        self.joint = (not is_layerwise(self.predictor)) if joint is None else bool(joint)
+        # 9% fewer bits, the predictor dominates the restore anyway); for the model's prefix
+        # only where the coder is a small share of a recompute (``cost.joint_by_default``:
+        # Qwen2.5-0.5B, not the demo model, whose restore it would take to about the
+        # prefill's; README, "Joint model").
+        if joint is None:
+            joint = not is_layerwise(self.predictor) or (
+                isinstance(self.predictor, ModelPrefixPredictor) and joint_by_default(text_config(model))
+            )
+        self.joint = bool(joint)
         # with the joint model: each token's sigmas follow its residuals so far (README,
         # "Joint model"; None codes with the calibrated sigmas); the container records it
         self.token_scale = token_scale

@@ -40,9 +40,6 @@ from .architecture import layer_types, layer_windows, text_config
 from .cache import KV
 from .predictors import _decoder_layers, fixed_threads
 
-# The default prefix: this share of the model's layers (20 of the demo model's 30), chosen by
-# measurement (README, "Restore cost"): the fewest bits with a restore below the prefill.
-DEFAULT_PREFIX_SHARE = 2 / 3
 # torch threads of the prefix's forward pass (recorded in streams; a fixed number, so that a
 # decoder on another machine makes the same predictions whatever its core count)
 DEFAULT_THREADS = 2
@@ -58,9 +55,12 @@ HISTORY = 2
 
 
 def default_prefix_layers(model: Any) -> int:
-    """How many of ``model``'s layers the default ``ModelPrefixPredictor`` runs."""
-    n = int(model.config.num_hidden_layers)
-    return max(1, min(n, round(DEFAULT_PREFIX_SHARE * n)))
+    """How many of ``model``'s layers the default ``ModelPrefixPredictor`` runs: the most
+    whose restore, counted from the config, fits the budget (``cost.default_prefix_layers``:
+    20 of the demo model's 30 layers, 20 of Qwen2.5-0.5B's 24, 12 of Gemma-3-270M's 18)."""
+    from .cost import default_prefix_layers as counted
+
+    return counted(text_config(model))
 
 
 def layers_for_budget(
@@ -711,7 +711,6 @@ class _PrefixRun:
 
 
 __all__ = [
-    "DEFAULT_PREFIX_SHARE",
     "ModelPrefixPredictor",
     "PrefixState",
     "Rope",
