@@ -1,5 +1,6 @@
 """Writes the `headers` target's seeds (fuzz/seeds/headers): real streams of every dtype,
-predictor-free and predicted, in one chunk and in several, and a stacked cache container.
+predictor-free and predicted, in one chunk and in several, a stacked cache container and a
+per-layer one whose layers hold different token counts (sliding windows).
 Run from anywhere with speckv installed: python rust/speckv/fuzz/make_seeds.py"""
 
 from pathlib import Path
@@ -39,6 +40,21 @@ def main() -> None:
         blocks.append([speckv.encode(half, chunk_size=2 * t * 8) for half in kv])
     packed = container.pack({"mode": "bf16"}, "stacked", layers, block, tokens, blocks)
     (OUT / "container_stacked").write_bytes(packed)
+    # per layer, layers holding the last 6, 3 and 1 of 6 tokens (sliding windows): layer 2
+    # holds none of block 0's tokens, so its entries there are empty
+    held = [6, 3, 1]
+    blocks = []
+    for start in range(0, tokens, block):
+        stop = min(start + block, tokens)
+        streams = []
+        for n in held:
+            t = stop - max(start, tokens - n)
+            for _ in range(2):
+                x = rng.normal(size=(1, 2, t, 8)).astype(ml_dtypes.bfloat16) if t > 0 else None
+                streams.append(speckv.encode(x) if x is not None else b"")
+        blocks.append(streams)
+    packed = container.pack({"mode": "bf16"}, "per-layer", 3, block, tokens, blocks, held)
+    (OUT / "container_windowed").write_bytes(packed)
 
 
 if __name__ == "__main__":
