@@ -562,8 +562,9 @@ class SpeculativeCodec:
         if k[1].shape[2] == 0:
             return b"", b""
         if joint_mode is None or layer not in _joint_layers(self._calibration()):
-            return tuple(  # type: ignore[return-value]
-                _api.encode(x, mu, sigma_codes=codes, threads=1, model=model) for x, mu, codes in (k, v)
+            return (
+                _api.encode(k[0], k[1], sigma_codes=k[2], threads=1, model=model),
+                _api.encode(v[0], v[1], sigma_codes=v[2], threads=1, model=model),
             )
         out, outside = [], None
         for which, job in enumerate((k, v)):
@@ -582,23 +583,38 @@ class SpeculativeCodec:
         """Block ``b``'s K and V of one layer (per-layer layout; ``targets``: the layer's K
         and V ``(None, mu, sigma codes)``, cut to the block here); empty where the layer holds
         none of the block's tokens. See ``_encode_layer``."""
+        outside: dict[int, np.ndarray] = {}
+        pieces = [self._decode_piece(c, b, layer, which, t, joint, outside, threads) for which, t in enumerate(targets)]
+        return [p for p in pieces if p is not None]
+
+    def _decode_piece(
+        self,
+        c: container.Container,
+        b: int,
+        layer: int,
+        which: int,
+        target: Any,
+        joint: bool,
+        outside: dict[int, np.ndarray],
+        threads: int,
+    ) -> torch.Tensor | None:
+        """Block ``b``'s K (``which=0``) or V of one layer of a per-layer container
+        (``target``: the layer's ``(None, mu, sigma codes)``, cut to the block here); None
+        where the layer holds none of the block's tokens. A joint layer is channel-major, its
+        V given the block's K residuals, which its K leaves in ``outside[b]``."""
         lo, hi = c.layer_range(b, layer)
         if lo == hi:
-            return []
-        parts = [_tokens(t, lo, hi) for t in targets]
+            return None
+        data = c.stream(b, layer, which).data
+        job = _tokens(target, lo, hi)
         if not (joint and layer in _joint_layers(self._calibration())):
-            return [
-                _api.decode(c.stream(b, layer, which).data, mu, sigma_codes=codes, threads=threads)
-                for which, (_, mu, codes) in enumerate(parts)
-            ]
-        out, outside = [], None
-        for which, job in enumerate(parts):
-            _, mu, codes = _channel_major(job)
-            model = self._joint_model(c.metadata["mode"], which, hi - lo, outside, layer)
-            got = _api.decode(c.stream(b, layer, which).data, mu, sigma_codes=codes, threads=threads, joint=model)
-            outside = _api.residuals(got, mu).reshape(1, -1, hi - lo)
-            out.append(got.transpose(-1, -2))
-        return out
+            return _api.decode(data, job[1], sigma_codes=job[2], threads=threads)
+        _, mu, codes = _channel_major(job)
+        model = self._joint_model(c.metadata["mode"], which, hi - lo, outside.get(b) if which else None, layer)
+        got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
+        if which == 0:
+            outside[b] = _api.residuals(got, mu).reshape(1, -1, hi - lo)
+        return got.transpose(-1, -2)
 
     def _joint_model(self, mode: str, which: int, tokens: int, outside: Any, layer: int | None = None) -> _api.Joint:
         """The joint model of a block's K (``which=0``) or V stream: the calibration's
@@ -764,7 +780,6 @@ class SpeculativeCodec:
         upto = max(wanted) + 1
 
         joint = self._reads_joint(c)
-        joint_layers = _joint_layers(self._calibration()) if joint else set()
         # joint: per block, the keys' residuals of every layer decoded so far (the values'
         # outside channels; per-layer layout: of the layer being decoded)
         outside: dict[int, np.ndarray] = {}
@@ -797,20 +812,8 @@ class SpeculativeCodec:
 
             def block(b: int, n: int) -> list[Any]:
                 if not stacked:
-                    lo, hi = c.layer_range(b, first)
-                    if lo == hi:  # the layer holds none of the block's tokens
-                        return []
-                    data = c.stream(b, first, which).data
-                    job = _tokens((None, mu, sigma), lo, hi)
-                    if not (joint and first in joint_layers):
-                        return [_api.decode(data, job[1], sigma_codes=job[2], threads=n)]
-                    # the layer's K then V channel-major, V given this block's K residuals
-                    _, mu_b, codes_b = _channel_major(job)
-                    layer_joint = self._joint_model(mode, which, hi - lo, outside.get(b) if which else None, first)
-                    got = _api.decode(data, mu_b, sigma_codes=codes_b, threads=n, joint=layer_joint)
-                    if which == 0:
-                        outside[b] = _api.residuals(got, mu_b).reshape(1, -1, hi - lo)
-                    return [got.transpose(-1, -2)]
+                    piece = self._decode_piece(c, b, first, which, (None, mu, sigma), joint, outside, n)
+                    return [] if piece is None else [piece]
                 stream = c.stream(b, first, which)
                 chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
                 model = None
