@@ -15,7 +15,19 @@ coder driven by a Gaussian mixture around the guess stores the true value in a f
 True
 """
 
-from ._api import THREADS_ENV, Joint, TokenScale, decode, encode, ideal_bits, info, residuals, sigma_codes
+from ._api import (
+    THREADS_ENV,
+    Joint,
+    TokenScale,
+    cut_stream,
+    decode,
+    encode,
+    ideal_bits,
+    info,
+    join_streams,
+    residuals,
+    sigma_codes,
+)
 from ._arrays import SUPPORTED_DTYPES
 from ._speckv import (
     FORMAT_VERSION,
@@ -40,10 +52,12 @@ __all__ = [
     "PredictionMismatchError",
     "SpeckvError",
     "UnsupportedStreamError",
+    "cut_stream",
     "decode",
     "encode",
     "ideal_bits",
     "info",
+    "join_streams",
     "kernels",
     "residuals",
     "sigma_codes",

@@ -287,6 +287,35 @@ def decode(
     return out
 
 
+def join_streams(streams: list[bytes]) -> bytes:
+    """The stream `encode` writes for a tensor, from the streams of its consecutive slabs
+    along the first dimension (at least two dimensions), coded alike (dtype, prediction or
+    not, model, chunk size); every slab but the last must hold whole chunks. Only headers are
+    rewritten: a codec can code a tensor slab by slab as its prediction comes.
+
+    >>> import numpy as np, ml_dtypes, speckv
+    >>> x = np.linspace(-1, 1, 4096, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(8, 512)
+    >>> parts = [speckv.encode(x[:4], chunk_size=1024), speckv.encode(x[4:], chunk_size=1024)]
+    >>> speckv.join_streams(parts) == speckv.encode(x, chunk_size=1024)
+    True
+    """
+    if isinstance(streams, (bytes, bytearray, memoryview)) or not all(
+        isinstance(s, (bytes, bytearray, memoryview)) for s in streams
+    ):
+        raise TypeError("streams: expected a list of bytes-like streams")
+    return _speckv.stream_join([bytes(s) for s in streams])
+
+
+def cut_stream(data: Any, chunks: tuple[int, int] | range) -> bytes:
+    """Chunks ``chunks=(start, stop)`` of a stream (of a tensor of at least two dimensions)
+    as a stream of their own: the rows of the first dimension they hold, which `decode` reads
+    with a prediction of just those rows. The chunks must start and end on row boundaries."""
+    span = (chunks.start, chunks.stop) if isinstance(chunks, range) else (int(chunks[0]), int(chunks[1]))
+    if min(span) < 0:
+        raise ValueError(f"chunks: {span} is not a range of chunk indices")
+    return _speckv.stream_cut(_stream_array(data), span[0], span[1])
+
+
 def ideal_bits(
     x: Any,
     mu: Any = None,

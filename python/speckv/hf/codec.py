@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -30,7 +32,7 @@ from .architecture import check_architecture, layer_windows, text_config
 from .cache import KV, build_cache, extract_kv, last_tokens
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .cost import joint_by_default
-from .layerwise import is_layerwise, walk
+from .layerwise import is_layerwise, walk_layers
 from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor, describe, fixed_threads
 from .prefix import ModelPrefixPredictor
 
@@ -402,22 +404,29 @@ class SpeculativeCodec:
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
         kv = self._check_cache(cache)
-        prediction = self.prediction(kv, input_ids, dtype)
-        return self._encode(kv, input_ids, prediction, dtype, threads, model, block_size)
+        return self._encode(kv, input_ids, self._predictions(kv, input_ids, dtype), dtype, threads, model, block_size)
 
     def prediction(self, cache: Any, input_ids: torch.Tensor, dtype: str = "bf16", run: Any = None) -> KV:
         """What the predictor predicts for ``cache`` (the model's cache of ``input_ids``) stored
         as ``dtype``, per layer ``(K, V)`` in cache units: exactly the ``mu`` that ``compress``
         codes against (a layer-wise predictor observes the stored tensors as it goes; ``run``:
         a walk already started, e.g. on the next block of a prompt)."""
+        return list(self._predictions(extract_kv(cache), input_ids, dtype, run))
+
+    def _predictions(
+        self, kv: KV, input_ids: torch.Tensor, dtype: str, run: Any = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``prediction`` layer by layer, as a layer-wise predictor's walk makes them (what
+        ``compress`` codes as they come, holding one layer's at a time)."""
         if not is_layerwise(self.predictor):
-            return self.predictor.predict(input_ids)
+            yield from self.predictor.predict(input_ids)
+            return
         run = run if run is not None else self.predictor.start(input_ids)
 
         def observed(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
             return self._observed(dtype, layer, which, self._stored(dtype, layer, which, t))
 
-        return walk(run, extract_kv(cache), observed, _quiet_torch)
+        yield from walk_layers(run, kv, observed, _quiet_torch)
 
     def _check_cache(self, cache: Any) -> KV:
         cal = self._calibration()
@@ -449,47 +458,94 @@ class SpeculativeCodec:
         self,
         kv: KV,
         input_ids: torch.Tensor,
-        prediction: KV,
+        prediction: Iterable[tuple[torch.Tensor, torch.Tensor]],
         dtype: str,
         threads: int | None,
         model: _api.Model,
         block_size: int | None = None,
     ) -> bytes:
+        """The container of ``kv`` coded against ``prediction`` (per layer ``(K, V)``, in
+        cache units), consumed layer by layer: a few layers' coding parameters are held at a
+        time, never the whole cache's. A block's stacked stream is coded a group of layers
+        (whole chunks) at a time and the groups' streams joined (``speckv.join_streams``:
+        the bytes of one call over every layer)."""
         cal = self._calibration()
         layout = _layout([(t, None, None) for pair in kv for t in pair])
         joint = self.joint and bool(_joint_layers(cal))
+        held = _held(kv)
+        tokens = max(held)
+        block = _block_size(block_size, tokens)
+        starts = list(range(0, tokens, block))
+        layerwise = is_layerwise(self.predictor)
+        joint_mode = dtype if joint else None
+        n_layers = len(kv)
+        layers = iter(prediction)
+        first = next(layers, None)
+        if first is None:
+            raise ValueError(f"prediction: no layers, the cache has {n_layers}")
         # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
         # module runs on: only coded bytes cross to the host. The exact model (the fast one
         # codes on the host); the bytes are the host's either way.
-        on_device = layout == "stacked" and model == "exact" and self._codes_on_gpu(kv, prediction)
-        jobs = []
-        held = _held(kv)
-        for layer, ((k, v), (pk, pv)) in enumerate(zip(kv, prediction)):
-            for which, (t, p) in enumerate(((k, pk), (v, pv))):
+        on_device = layout == "stacked" and model == "exact" and self._codes_on_gpu(kv, [first])
+        device = kv[0][0].device
+        if layout == "stacked":
+            # whole chunks per group: a whole-prompt predictor's chunks hold LAYERS_PER_CHUNK
+            # layers (or one), a layer-wise one's a layer (or half)
+            group = 1 if layerwise else LAYERS_PER_CHUNK
+        else:
+            # enough streams at once for every thread
+            group = max(1, -(-2 * _api.resolve_threads(threads) // len(starts)))
+        # per block: stacked, K's and V's streams of each group; per layer, every stream
+        streams: list[list[Any]] = [[[], []] if layout == "stacked" else [] for _ in starts]
+        pending: list[tuple[int, Any, Any]] = []
+        count = 0
+        for layer, (pk, pv) in enumerate(itertools.chain([first], layers)):
+            if layer >= n_layers:
+                raise ValueError(f"prediction: more layers than the cache's {n_layers}")
+            jobs = []
+            for which, (t, p) in enumerate(((kv[layer][0], pk), (kv[layer][1], pv))):
                 p = last_tokens(p, held[layer], layer)
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
+                if on_device and p.device != device:
+                    p = p.to(device)
                 jobs.append(self._coding(dtype, layer, which, t, p, joint, on_device))
-        tokens = max(held)
-        block = _block_size(block_size, tokens)
-        layerwise = is_layerwise(self.predictor)
-        blocks = []
-        joint_mode = dtype if joint else None
-        for start in range(0, tokens, block):
-            if layout == "stacked":
-                part = [_tokens(job, start, start + block) for job in jobs]
-                blocks.append(
-                    self._encode_stacked(part, layerwise, threads, model, dtype if joint else None, on_device)
-                )
+            pending.append((layer, jobs[0], jobs[1]))
+            count += 1
+            if len(pending) < group and layer + 1 < n_layers:
                 continue
-            # per layer: the block's tokens that each layer holds (none: no stream)
-            stop = min(start + block, tokens)
-            pairs = []
-            for layer in range(len(kv)):
-                lo, hi = container.held_range(start, stop, tokens, held[layer])
-                pairs.append((layer, _tokens(jobs[2 * layer], lo, hi), _tokens(jobs[2 * layer + 1], lo, hi)))
-            coded = _parallel(lambda p: self._encode_layer(p[0], p[1], p[2], joint_mode, model), pairs, threads)
-            blocks.append([data for pair in coded for data in pair])
+            if layout == "stacked":
+                for b, start in enumerate(starts):
+                    part = [_tokens(job, start, start + block) for _, k, v in pending for job in (k, v)]
+                    first_layer = pending[0][0]
+                    coded = self._encode_stacked(
+                        part,
+                        range(first_layer, first_layer + len(pending)),
+                        layerwise,
+                        threads,
+                        model,
+                        joint_mode,
+                        on_device,
+                    )
+                    streams[b][0].append(coded[0])
+                    streams[b][1].append(coded[1])
+            else:
+                # per layer: the block's tokens that each layer holds (none: no stream)
+                pieces = []
+                for b, start in enumerate(starts):
+                    for lay, k, v in pending:
+                        lo, hi = container.held_range(start, min(start + block, tokens), tokens, held[lay])
+                        pieces.append((b, lay, _tokens(k, lo, hi), _tokens(v, lo, hi)))
+                coded = _parallel(lambda p: self._encode_layer(p[1], p[2], p[3], joint_mode, model), pieces, threads)
+                for (b, _, _, _), pair in zip(pieces, coded):
+                    streams[b].extend(pair)
+            pending = []
+        if count != n_layers:
+            raise ValueError(f"prediction: {count} layers, the cache has {n_layers}")
+        if layout == "stacked":
+            blocks = [[_api.join_streams(k), _api.join_streams(v)] for k, v in streams]
+        else:
+            blocks = streams
         metadata: dict[str, Any] = {
             "mode": dtype,
             "model": self.fingerprint,
@@ -499,7 +555,7 @@ class SpeculativeCodec:
         }
         if joint:
             metadata["joint"] = True
-        return container.pack(metadata, layout, len(kv), block, tokens, blocks, held)
+        return container.pack(metadata, layout, n_layers, block, tokens, blocks, held)
 
     def _codes_on_gpu(self, kv: KV, prediction: KV) -> bool:
         """Whether the GPU coder (``speckv.cuda.encode``) codes this cache: it and its
@@ -510,20 +566,23 @@ class SpeculativeCodec:
     def _encode_stacked(
         self,
         jobs: list[Any],
+        layers: range,
         layerwise: bool,
         threads: int | None,
         model: _api.Model,
         joint_mode: str | None,
         on_device: bool = False,
     ) -> list[bytes]:
-        """A block's keys, then its values, each one stream of every layer: a stream per layer
-        would cost ~0.5% of an fp8 cache in headers, a chunk per layer ~0.07%. Whole-prompt
-        predictors: LAYERS_PER_CHUNK layers a chunk; a layer-wise predictor decodes layer by
-        layer: CHUNKS_PER_LAYER chunks a layer, so one layer's decode still spreads over cores.
-        With the joint model (``joint_mode``: the storage mode) each layer is stored
-        channel-major and coded as a whole (its channels follow each other), the values
-        conditioned on the keys' residuals. ``on_device``: the jobs' tensors are on a GPU and
-        the CUDA module codes them there."""
+        """A block's keys, then its values, of ``layers`` (``jobs``: their K, V, K, V, ...),
+        each one stream of those layers, which ``_encode`` joins with the other groups' into
+        one stream of every layer: a stream per layer would cost ~0.5% of an fp8 cache in
+        headers, a chunk per layer ~0.07%. Whole-prompt predictors: LAYERS_PER_CHUNK layers a
+        chunk; a layer-wise predictor decodes layer by layer: CHUNKS_PER_LAYER chunks a
+        layer, so one layer's decode still spreads over cores. With the joint model
+        (``joint_mode``: the storage mode) each layer is stored channel-major and coded as a
+        whole (its channels follow each other), the values conditioned on the keys'
+        residuals. ``on_device``: the jobs' tensors are on a GPU and the CUDA module codes
+        them there."""
         layer = [jobs[which][0].numel() for which in (0, 1)]
         per_chunk = 1 if layerwise else max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // max(layer)))
         split = layerwise and joint_mode is None and all(n % CHUNKS_PER_LAYER == 0 for n in layer)
@@ -538,7 +597,7 @@ class SpeculativeCodec:
             size = per_chunk * layer[which] // per_layer
             joint = None
             if joint_mode is not None:
-                joint = self._joint_model(joint_mode, which, int(mu.shape[-1]), outside)
+                joint = self._joint_model(joint_mode, which, int(mu.shape[-1]), outside, layers)
             if on_device:  # the GPU coder, the same bytes
                 data, residuals = speckv_cuda.encode_joint(x, mu, codes, joint, chunk_size=size)
                 streams.append(data)
@@ -570,7 +629,7 @@ class SpeculativeCodec:
         for which, job in enumerate((k, v)):
             x, mu, codes = _channel_major(job)
             tokens = int(mu.shape[-1])
-            joint = self._joint_model(joint_mode, which, tokens, outside, layer)
+            joint = self._joint_model(joint_mode, which, tokens, outside, range(layer, layer + 1))
             out.append(
                 _api.encode(x, mu, sigma_codes=codes, threads=1, chunk_size=mu.numel(), model=model, joint=joint)
             )
@@ -610,16 +669,17 @@ class SpeculativeCodec:
         if not (joint and layer in _joint_layers(self._calibration())):
             return _api.decode(data, job[1], sigma_codes=job[2], threads=threads)
         _, mu, codes = _channel_major(job)
-        model = self._joint_model(c.metadata["mode"], which, hi - lo, outside.get(b) if which else None, layer)
+        given = outside.get(b) if which else None
+        model = self._joint_model(c.metadata["mode"], which, hi - lo, given, range(layer, layer + 1))
         got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
         if which == 0:
             outside[b] = _api.residuals(got, mu).reshape(1, -1, hi - lo)
         return got.transpose(-1, -2)
 
-    def _joint_model(self, mode: str, which: int, tokens: int, outside: Any, layer: int | None = None) -> _api.Joint:
-        """The joint model of a block's K (``which=0``) or V stream: the calibration's
-        coefficients of every layer (zero for layers without one), or of ``layer`` alone (a
-        per-layer stream), V conditioned on the block's K residuals ``outside`` (``[layers,
+    def _joint_model(self, mode: str, which: int, tokens: int, outside: Any, layers: range) -> _api.Joint:
+        """The joint model of a block's K (``which=0``) or V stream of ``layers``: the
+        calibration's coefficients of those layers (zero for layers without one), V
+        conditioned on the block's K residuals of the same layers ``outside`` (``[layers,
         channels, tokens]``)."""
         cal = self._calibration()
         if self._joint_source is not cal:
@@ -636,8 +696,7 @@ class SpeculativeCodec:
             offset = np.ascontiguousarray(m["offset"][:, rows].numpy(), dtype=np.float32)
             self._joint_arrays[key] = (c, coef, offset)
         c, coef, offset = self._joint_arrays[key]
-        if layer is not None:
-            coef, offset = coef[layer : layer + 1], offset[layer : layer + 1]
+        coef, offset = coef[layers.start : layers.stop], offset[layers.start : layers.stop]
         return _api.Joint(c, tokens, coef, offset, outside if which == 1 else None, self.token_scale)
 
     @staticmethod
@@ -686,57 +745,86 @@ class SpeculativeCodec:
         mode = c.metadata["mode"]
         joint = self._reads_joint(c)
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
+        if len(pred) != c.layers:
+            raise ValueError(f"prediction: {len(pred)} layers, the container has {c.layers}")
+        n = _api.resolve_threads(threads)
+
+        def target(layer: int, which: int) -> Any:
+            return self._coding(mode, layer, which, None, last_tokens(pred[layer][which], c.held(layer), layer), joint)
+
         parts: dict[int, list[list[Any]]] = {layer: [[], []] for layer in wanted}
+        # a few layers at a time: their coding parameters, not the whole cache's
         if c.layout == "stacked":
-            outside: dict[int, Any] = {}
-            for which in (0, 1):
-                targets = [
-                    self._coding(mode, layer, which, None, last_tokens(pred[layer][which], c.held(layer), layer), joint)
-                    for layer in range(c.layers)
-                ]
-                _, mu, codes = _stack(targets)
+            # whole chunks of every block's streams; all layers: enough chunks for the threads
+            group = math.lcm(*(s.layers_per_chunk for block in c.blocks for s in block if s is not None))
+            span = group * (n if layers is None else 1)
+            for first in sorted({layer // span * span for layer in wanted}):
+                stop = min(first + span, c.layers)
+                targets = [[target(layer, which) for layer in range(first, stop)] for which in (0, 1)]
+                outside: dict[int, np.ndarray] = {}
                 for b in range(len(c.blocks)):
-                    stream = c.stream(b, 0, which)
-                    start, stop = c.token_range(b)
-                    mu_b = mu[:, :, :, start:stop]
-                    codes_b = codes if codes.shape[3] == 1 else codes[:, :, :, start:stop]
-                    model = None
-                    if joint:
-                        mu_b = mu_b.transpose(-1, -2).contiguous()
-                        codes_b = np.ascontiguousarray(np.swapaxes(codes_b, -1, -2))
-                        if which == 0:
-                            outside[b] = np.zeros((c.layers, mu_b.shape[2] * mu_b.shape[3], stop - start), np.float32)
-                        model = self._joint_model(mode, which, stop - start, outside[b])
-                    runs = [(layer, layer + 1) for layer in wanted] if layers is not None else [(0, c.layers)]
-                    for first, last in runs:
-                        # read only the chunks that hold the layers asked for
-                        chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(last - 1)[0][1])
-                        skip = stream.chunks_of(first)[1]
-                        got = _api.decode(
-                            stream.data, mu_b, sigma_codes=codes_b, threads=threads, chunks=chunks, joint=model
-                        )
-                        got = got.reshape(-1, *mu_b.shape[1:])
-                        lo = chunks[0] * stream.layers_per_chunk // stream.chunks_per_layer
-                        if joint and which == 0:
-                            own = mu_b[lo : lo + got.shape[0]]
-                            res = _api.residuals(got, own).reshape(got.shape[0], -1, stop - start)
-                            outside[b][lo : lo + got.shape[0]] = res
-                        for layer in range(first, last):
-                            piece = got[layer - first + skip]
-                            parts[layer][which].append(piece.transpose(-1, -2) if joint else piece)
+                    for which in (0, 1):
+                        got = self._decode_stacked(c, b, which, first, targets[which], joint, outside, n)
+                        for layer, piece in zip(range(first, stop), got):
+                            if layer in parts:
+                                parts[layer][which].append(piece)
         else:
-            jobs = []
-            for layer in wanted:
-                targets = [
-                    self._coding(mode, layer, which, None, last_tokens(pred[layer][which], c.held(layer), layer), joint)
-                    for which in (0, 1)
-                ]
-                jobs += [(b, layer, targets) for b in range(len(c.blocks))]
-            out = _parallel(lambda job: self._decode_layer(c, job[0], job[1], job[2], joint), jobs, threads)
-            for (_, layer, _), got in zip(jobs, out):
-                for which, piece in enumerate(got):
-                    parts[layer][which].append(piece)
+            span = max(1, -(-2 * n // len(c.blocks)))
+            for i in range(0, len(wanted), span):
+                jobs = []
+                for layer in wanted[i : i + span]:
+                    pair = [target(layer, which) for which in (0, 1)]
+                    jobs += [(b, layer, pair) for b in range(len(c.blocks))]
+                out = _parallel(lambda job: self._decode_layer(c, job[0], job[1], job[2], joint), jobs, threads)
+                for (_, layer, _), got in zip(jobs, out):
+                    for which, piece in enumerate(got):
+                        parts[layer][which].append(piece)
         return c, {layer: (_join(k), _join(v)) for layer, (k, v) in parts.items()}
+
+    def _decode_stacked(
+        self,
+        c: container.Container,
+        b: int,
+        which: int,
+        first: int,
+        targets: list[Any],
+        joint: bool,
+        outside: dict[int, np.ndarray],
+        threads: int,
+    ) -> list[torch.Tensor]:
+        """Block ``b``'s K (``which=0``) or V of layers ``first, first + 1, ...`` of a stacked
+        container, one ``[batch, heads, tokens, dim]`` tensor per target (the layers' ``(None,
+        mu, sigma codes)`` over all their tokens, cut to the block here). Only those layers'
+        chunks are read: cut out of the block's stream (``speckv.cut_stream``) and decoded
+        against these layers' parameters alone. A jointly coded V reads its layers' K
+        residuals in ``outside[b]``, which K's call leaves there."""
+        stop = first + len(targets)
+        lo, hi = c.token_range(b)
+        part = [_tokens(t, lo, hi) for t in targets]
+        if joint:
+            part = [_channel_major(t) for t in part]
+        _, mu, codes = _stack(part)
+        stream = c.stream(b, first, which)
+        (start, _), skip = stream.chunks_of(first)
+        (_, end), _ = stream.chunks_of(stop - 1)
+        try:
+            data = _api.cut_stream(stream.data, (start, end)) if not skip else b""
+            shape = _speckv.info(np.frombuffer(data, dtype=np.uint8))["shape"] if data else None
+        except ValueError:
+            shape = None
+        if shape != list(mu.shape):
+            raise CorruptStreamError(
+                f"cache container: block {b}'s stream does not hold layers {first}..{stop - 1} in whole chunks"
+            )
+        model = None
+        if joint:
+            model = self._joint_model(c.metadata["mode"], which, hi - lo, outside.get(b), range(first, stop))
+        got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
+        if joint:
+            if which == 0:
+                outside[b] = _api.residuals(got, mu).reshape(len(targets), -1, hi - lo)
+            got = got.transpose(-1, -2)
+        return list(got)
 
     def _reads_joint(self, c: container.Container) -> bool:
         """Whether the container was coded with the joint model (then the calibration, already
@@ -760,76 +848,37 @@ class SpeculativeCodec:
 
         The layers a run predicts without looking at decoded ones (``independent_layers``:
         the model's own prefix) are decoded either as they are made, overlapped with the
-        predictor's forward pass (``pipeline=True``; pays where spare cores exist), or all
-        at once on every core when the forward pass ends (``pipeline=False``: on a machine
-        whose cores the forward pass already uses, sharing them slows it more than the
-        decode gains). ``None`` picks overlap when the machine has more cores than the
-        predictor's threads. Either way, the same bits."""
-        mode, n_layers = c.metadata["mode"], c.layers
+        predictor's forward pass (``pipeline=True``; pays where spare cores exist), or once
+        the forward pass ends, a few layers per call on every core (``pipeline=False``: on a
+        machine whose cores the forward pass already uses, sharing them slows it more than
+        the decode gains). ``None`` picks overlap when the machine has more cores than the
+        predictor's threads. Either way, the same bits; only a few layers' coding
+        parameters are held at a time."""
+        mode = c.metadata["mode"]
         stacked = c.layout == "stacked"
         if stacked and any(s is None or s.layers_per_chunk != 1 for block in c.blocks for s in block):
             raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
         n_threads = _api.resolve_threads(threads)
         if pipeline is None:
             pipeline = (os.cpu_count() or 1) > int(getattr(self.predictor, "threads", 1))
-        # stacked: per K/V and block, every layer's mu and sigma codes (the stream covers all
-        # layers; only the chunks decoded are read and fingerprinted, the rest may stay zero)
-        mus: dict[tuple[int, int], torch.Tensor] = {}
-        codes: dict[tuple[int, int], np.ndarray] = {}
         out: dict[int, list[Any]] = {}
         upto = max(wanted) + 1
-
         joint = self._reads_joint(c)
-        # joint: per block, the keys' residuals of every layer decoded so far (the values'
-        # outside channels; per-layer layout: of the layer being decoded)
+        # joint: per block, the keys' residuals of the layers being decoded (the values'
+        # outside channels)
         outside: dict[int, np.ndarray] = {}
 
-        def prepare(layer: int, which: int, pred: torch.Tensor) -> tuple[Any, Any]:
-            pred = last_tokens(pred, c.held(layer), layer)
-            if not stacked:
-                _, mu, sigma = self._coding(mode, layer, which, None, pred, joint)
-                return mu, sigma
-            mu = self._mu(mode, layer, which, pred, joint)
-            code = self._sigma_codes(mode, layer, which, mu, joint)
-            for b in range(len(c.blocks)):
-                start, stop = c.token_range(b)
-                mu_b = mu[:, :, start:stop]
-                code_b = code if code.shape[2] == 1 else code[:, :, start:stop]
-                if joint:
-                    mu_b, code_b = mu_b.transpose(-1, -2), np.swapaxes(code_b, -1, -2)
-                if (which, b) not in mus:
-                    mus[which, b] = torch.zeros((n_layers, *mu_b.shape), dtype=torch.float32)
-                    codes[which, b] = np.zeros((n_layers, *mu_b.shape), dtype=np.int16)
-                    if joint and which == 0:
-                        outside[b] = np.zeros((n_layers, mu_b.shape[1] * mu_b.shape[2], stop - start), np.float32)
-                mus[which, b][layer] = mu_b
-                # per-channel codes broadcast over the tokens
-                codes[which, b][layer] = code_b
-            return mu, None
+        def prepare(layer: int, which: int, pred: torch.Tensor) -> Any:
+            return self._coding(mode, layer, which, None, last_tokens(pred, c.held(layer), layer), joint)
 
-        def decode(first: int, stop: int, which: int, mu: Any, sigma: Any, n: int) -> list[Any]:
-            """Layers first..stop-1 of K or V, every block of each joined."""
+        def decode(first: int, which: int, targets: list[Any], n: int) -> list[Any]:
+            """K or V of layers first.., every block of each joined."""
 
             def block(b: int, n: int) -> list[Any]:
-                if not stacked:
-                    piece = self._decode_piece(c, b, first, which, (None, mu, sigma), joint, outside, n)
-                    return [] if piece is None else [piece]
-                stream = c.stream(b, first, which)
-                chunks = (stream.chunks_of(first)[0][0], stream.chunks_of(stop - 1)[0][1])
-                model = None
-                if joint:
-                    tokens = int(mus[which, b].shape[-1])
-                    model = self._joint_model(mode, which, tokens, outside.get(b))
-                flat = _api.decode(
-                    stream.data, mus[which, b], sigma_codes=codes[which, b], threads=n, chunks=chunks, joint=model
-                )
-                got = flat.reshape(stop - first, *mus[which, b].shape[1:])
-                if joint:
-                    if which == 0:
-                        res = _api.residuals(got, mus[0, b][first:stop])
-                        outside[b][first:stop] = res.reshape(stop - first, -1, got.shape[-1])
-                    got = got.transpose(-1, -2)
-                return list(got)
+                if stacked:
+                    return self._decode_stacked(c, b, which, first, targets, joint, outside, n)
+                piece = self._decode_piece(c, b, first, which, targets[0], joint, outside, n)
+                return [] if piece is None else [piece]
 
             if joint and len(c.blocks) > 1 and n > 1:
                 # a jointly coded layer is one chunk, which one thread decodes: spread the
@@ -839,7 +888,7 @@ class SpeculativeCodec:
                 blocks = _parallel(lambda b: block(b, share), list(range(len(c.blocks))), n)
             else:
                 blocks = [block(b, n) for b in range(len(c.blocks))]
-            return [_join([blk[i] for blk in blocks if blk]) for i in range(stop - first)]
+            return [_join([blk[i] for blk in blocks if blk]) for i in range(len(targets))]
 
         if run is None:
             predictor = self.predictor
@@ -851,24 +900,30 @@ class SpeculativeCodec:
             independent = int(getattr(run, "independent_layers", 0))
             free = min(independent, upto) if stacked and not pipeline else 0
             if free:
-                for layer in range(free):
+                wait = getattr(run, "wait", None)
+                if callable(wait):
+                    wait()  # the forward pass first: it has the cores
+                # a few layers a call: chunks enough for every thread
+                per_layer = min(s.chunks_per_layer for block in c.blocks for s in block if s is not None)
+                span = max(1, -(-n_threads // per_layer))
+                for first in range(0, free, span):
+                    layers = range(first, min(first + span, free))
                     for which in (0, 1):
-                        prepare(layer, which, run.predict(layer, which))
-                for which in (0, 1):
-                    for layer, value in enumerate(decode(0, free, which, None, None, n_threads)):
-                        out.setdefault(layer, []).append(value)
-                for layer in range(free):
-                    for which in (0, 1):
-                        run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
+                        targets = [prepare(layer, which, run.predict(layer, which)) for layer in layers]
+                        for layer, value in zip(layers, decode(first, which, targets, n_threads)):
+                            out.setdefault(layer, []).append(value)
+                    for layer in layers:
+                        for which in (0, 1):
+                            run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
                 start = free
             for layer in range(start, upto):
                 if layer == independent:
                     quiet.enter_context(_quiet_torch(run))
                 out[layer] = []
                 for which in (0, 1):
-                    mu, sigma = prepare(layer, which, run.predict(layer, which))
-                    value = decode(layer, layer + 1, which, mu, sigma, n_threads)[0]
-                    out[layer].append(value.reshape(mu.shape))
+                    target = prepare(layer, which, run.predict(layer, which))
+                    value = decode(layer, which, [target], n_threads)[0]
+                    out[layer].append(value.reshape(target[1].shape))
                     run.observe(layer, which, self._observed(mode, layer, which, out[layer][which]))
         finally:
             quiet.close()

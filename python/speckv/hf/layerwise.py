@@ -21,7 +21,7 @@ so the same predictions. ``decompress_layer(l)`` of such a stream decodes layers
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -70,18 +70,18 @@ def is_layerwise(predictor: object) -> TypeIs[LayerwisePredictor]:
     return callable(getattr(predictor, "start", None))
 
 
-def walk(
+def walk_layers(
     run: LayerRun,
     kv: KV,
     observed: Callable[[int, int, torch.Tensor], torch.Tensor],
     past_independent: Callable[[LayerRun], contextlib.AbstractContextManager[Any]] | None = None,
-) -> KV:
-    """The encoder's walk: ``run``'s prediction of every layer's K and V (float32), observing
-    ``observed(layer, which, true tensor)`` after each. ``past_independent(run)`` is entered
-    once the run's ``independent_layers`` are done (the codec quiets torch there). Closes
-    ``run``."""
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The encoder's walk, a layer at a time: ``run``'s prediction of each layer's K and V
+    (float32), observing ``observed(layer, which, true tensor)`` after each (a caller that
+    codes each layer as it comes holds one layer's prediction, not the cache's).
+    ``past_independent(run)`` is entered once the run's ``independent_layers`` are done (the
+    codec quiets torch there). Closes ``run`` when done or closed."""
     independent = int(getattr(run, "independent_layers", 0))
-    out = []
     with contextlib.ExitStack() as stack:
         stack.callback(run.close)
         for layer, pair in enumerate(kv):
@@ -91,8 +91,17 @@ def walk(
             for which, t in enumerate(pair):
                 got.append(run.predict(layer, which).float())
                 run.observe(layer, which, observed(layer, which, t))
-            out.append((got[0], got[1]))
-    return out
+            yield got[0], got[1]
 
 
-__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise", "walk"]
+def walk(
+    run: LayerRun,
+    kv: KV,
+    observed: Callable[[int, int, torch.Tensor], torch.Tensor],
+    past_independent: Callable[[LayerRun], contextlib.AbstractContextManager[Any]] | None = None,
+) -> KV:
+    """``walk_layers`` to the end: every layer's prediction."""
+    return list(walk_layers(run, kv, observed, past_independent))
+
+
+__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise", "walk", "walk_layers"]

@@ -148,9 +148,14 @@ class _Stop(Exception):
     """Raised inside the model's forward pass once the last wanted layer has written its cache."""
 
 
-def _observing_cache(config: Any, stop_after: int, sink: Callable[[int, torch.Tensor, torch.Tensor], None]) -> Any:
+def _observing_cache(
+    config: Any, stop_after: int, sink: Callable[[int, torch.Tensor, torch.Tensor], None], keep: bool = True
+) -> Any:
     """A DynamicCache that hands every layer's new K/V to ``sink`` and stops the forward pass
-    after layer ``stop_after - 1``."""
+    after layer ``stop_after - 1``. ``keep=False`` (a forward pass over a whole prompt, whose
+    cache nobody reads afterwards): it stores nothing and hands attention the new K/V
+    themselves, which are what an empty cache's update returns (the same values, so the same
+    bits), without the cache's copy of every layer (as large as the layers' cache)."""
     from transformers import DynamicCache
 
     class ObservingCache(DynamicCache):
@@ -159,7 +164,10 @@ def _observing_cache(config: Any, stop_after: int, sink: Callable[[int, torch.Te
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            out = super().update(key_states, value_states, layer_idx, *args, **kw)
+            if keep:
+                out = super().update(key_states, value_states, layer_idx, *args, **kw)
+            else:
+                out = (key_states, value_states)
             self.sink(layer_idx, key_states, value_states)
             if layer_idx + 1 >= stop_after:
                 raise _Stop
@@ -371,6 +379,16 @@ class ModelPrefixPredictor:
     def _windowed(self) -> bool:
         return any(w is not None for w in self.windows)
 
+    def last_reader(self) -> dict[tuple[int, int], int]:
+        """Per observed (layer, K/V), the last layer whose map or fallback map reads it (a
+        walk drops it past there; absent: nothing reads it)."""
+        last: dict[tuple[int, int], int] = {}
+        for layer in range(self.layers, self.n_layers):
+            for which in (0, 1):
+                for src in _sources(layer, which) + (self._fallback(layer, which) or []):
+                    last[src] = max(last.get(src, -1), layer)
+        return last
+
     def _fallback(self, layer: int, which: int) -> list[tuple[int, int]] | None:
         return _fallback_sources(layer, which, self.windows) if self._windowed() else None
 
@@ -414,7 +432,7 @@ class ModelPrefixPredictor:
             cache = state.cache
             cache.sink = sink
         else:
-            cache = _observing_cache(self.model.config, self.layers, sink)
+            cache = _observing_cache(self.model.config, self.layers, sink, keep=state is not None)
         with torch.no_grad(), fixed_threads(self.threads):
             try:
                 self.model(input_ids=input_ids, cache=cache, use_cache=True)
@@ -649,6 +667,9 @@ class _PrefixRun:
         self.state = state
         self.offset = state.tokens if state is not None else 0  # the block's first position
         self.observed: dict[tuple[int, int], torch.Tensor] = {}
+        self.last_reader = predictor.last_reader()
+        # the forward pass's K/V per layer, in the model's dtype (half of float32), until the
+        # walk has taken both
         self.made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.error: BaseException | None = None
         self.done = False
@@ -663,7 +684,9 @@ class _PrefixRun:
 
     def _sink(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         with self.cond:
-            self.made[layer] = (k.detach().float(), v.detach().float())
+            if self.shape is None:  # the forward pass's new keys: every position of the prompt
+                self.shape = tuple(k.shape)
+            self.made[layer] = (k.detach(), v.detach())
             self.cond.notify_all()
 
     def _forward(self, input_ids: torch.Tensor) -> None:
@@ -681,25 +704,29 @@ class _PrefixRun:
             with self.cond:
                 while layer not in self.made and not self.done:
                     self.cond.wait()
-            if layer not in self.made:
-                raise RuntimeError(f"the model's prefix did not produce layer {layer}") from self.error
-            return self.made[layer][which]
+                if layer not in self.made:
+                    raise RuntimeError(f"the model's prefix did not produce layer {layer}") from self.error
+                made = self.made[layer]
+                if which == 1:  # the walk takes K, then V: the layer is done with
+                    del self.made[layer]
+            return made[which].float()
         # Maps touch torch's thread count: only once the forward pass has ended.
         self.thread.join()
         if self.error is not None and not isinstance(self.error, _Stop):
             raise RuntimeError("the model's prefix failed") from self.error
-        if self.ropes is None or self.shape is None:  # set together, on the first map
-            k = self.made[0][0]  # the forward pass's new keys: every position of the prompt
-            self.shape = tuple(k.shape)
-            self.ropes = Ropes(self.p.model, k.shape[2], k.shape[3], start=self.offset)
+        if self.shape is None:
+            raise RuntimeError("the model's prefix produced no layer")
+        if self.ropes is None:  # on the first map
+            self.ropes = Ropes(self.p.model, self.shape[2], self.shape[3], start=self.offset)
         return self.p.map_predict(layer, which, self.observed, self.ropes, self.shape, self.scratch)
 
     def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
-        self.observed[layer, which] = value
-        # once a layer's V is in, what no later map reads is dropped (the next layer's maps
-        # read this layer and the HISTORY - 1 before it; fallback maps may read further down)
-        if which == 1 and not self.p._windowed():
-            for old in [key for key in self.observed if key[0] <= layer - HISTORY]:
+        # kept only while a map still reads it (the next layers' maps, fallback maps further
+        # down): a walk holds a few layers, not the cache
+        if self.last_reader.get((layer, which), -1) >= layer:
+            self.observed[layer, which] = value
+        if which == 1:
+            for old in [key for key in self.observed if self.last_reader[key] <= layer]:
                 del self.observed[old]
 
     def wait(self) -> None:

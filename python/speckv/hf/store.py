@@ -132,7 +132,7 @@ class PrefixStore:
                 parent = key
                 continue
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
-            pred = self.codec.prediction(block, block_ids, self.dtype, run=predictor.start(block_ids, state))
+            pred = self.codec._predictions(block, block_ids, self.dtype, run=predictor.start(block_ids, state))
             data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
             if self.backend.put(key, pack_entry(data), parent):
                 new += self.block_size

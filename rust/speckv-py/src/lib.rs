@@ -388,6 +388,32 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
     Ok(d)
 }
 
+/// Streams of consecutive slabs of one tensor joined into the stream of the whole
+/// (`speckv::format::splice::join`).
+#[pyfunction]
+fn stream_join<'py>(py: Python<'py>, streams: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyBytes>> {
+    let out = py
+        .allow_threads(|| {
+            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            speckv::format::splice::join(&refs)
+        })
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Chunks `start..stop` of a stream as a stream of their own (`speckv::format::splice::cut`).
+#[pyfunction]
+fn stream_cut<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    start: usize,
+    stop: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let out = py.allow_threads(|| speckv::format::splice::cut(stream, start..stop)).map_err(to_py)?;
+    Ok(PyBytes::new(py, &out))
+}
+
 /// Wraps block-major `streams` in a cache container (`speckv::format::container`).
 #[pyfunction]
 #[pyo3(signature = (per_layer, layers, block_tokens, tokens, metadata, streams, layer_tokens=None))]
@@ -684,6 +710,8 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(relative_sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add_function(wrap_pyfunction!(container_write, m)?)?;
+    m.add_function(wrap_pyfunction!(stream_join, m)?)?;
+    m.add_function(wrap_pyfunction!(stream_cut, m)?)?;
     m.add_function(wrap_pyfunction!(residuals, m)?)?;
     m.add_function(wrap_pyfunction!(container_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sources, m)?)?;

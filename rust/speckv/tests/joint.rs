@@ -228,3 +228,33 @@ fn the_token_scale_follows_each_tokens_size_and_the_stream_records_it() {
     data[knobs] = 0;
     assert!(matches!(info(&data), Err(Error::Corrupt(m)) if m.contains("token scale")));
 }
+
+#[test]
+fn jointly_coded_layers_coded_apart_join_into_the_whole_stream() {
+    // a codec codes a cache layer by layer as its prediction comes (`format::splice`): each
+    // layer with its own slice of the parameters, token scale on, joined afterwards
+    let c = case(4);
+    let layer = CHANNELS * TOKENS;
+    let opts = EncodeOptions { chunk_scalars: layer as u32, ..Default::default() };
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(joint(&c)) };
+    let whole = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    let rows = CHANNELS * CHANNELS;
+    let one_shape = [1u64, CHANNELS as u64, TOKENS as u64];
+    let parts: Vec<Vec<u8>> = (0..LAYERS)
+        .map(|l| {
+            let j = Joint {
+                coef: &c.coef[l * rows..(l + 1) * rows],
+                offset: &c.offset[l * CHANNELS..(l + 1) * CHANNELS],
+                ..joint(&c)
+            };
+            let sigma = SigmaCodes::broadcast(&c.codes, &[CHANNELS, 1], &[1, CHANNELS, TOKENS]).unwrap();
+            let p = Prediction { mu: &c.mu[l * layer..(l + 1) * layer], sigma, joint: Some(j) };
+            encode(Bits::U16(&c.x[l * layer..(l + 1) * layer]), DType::BFloat16, &one_shape, Some(&p), &opts).unwrap()
+        })
+        .collect();
+    let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    assert_eq!(speckv::format::splice::join(&refs).unwrap(), whole);
+    for (l, part) in parts.iter().enumerate() {
+        assert_eq!(&speckv::format::splice::cut(&whole, l..l + 1).unwrap(), part);
+    }
+}
