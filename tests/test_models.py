@@ -70,6 +70,8 @@ PREDICTORS = {
     "stats": lambda m: ChannelStatsPredictor(),
     "map": lambda m: ModelPrefixPredictor(m, 1),
     "prefix": lambda m: ModelPrefixPredictor(m, 2),
+    # the forward pass in steps of 7 tokens (chunked prefill; Gemma's window is 8)
+    "prefix-steps": lambda m: ModelPrefixPredictor(m, 3, prefill_chunk=7),
     "fp8": lambda m: Fp8Predictor(m),
 }
 
@@ -248,3 +250,26 @@ def test_the_joint_model_codes_layers_of_different_token_counts(kind):
             last = len(kv) - 1
             k1, v1 = codec.decompress_layer(data, prompt, last)
             assert torch.equal(v1.view(word), back[last][1].view(word))
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2"])
+def test_the_prefix_in_steps_hands_over_what_the_whole_forward_pass_makes(kind):
+    """Chunked prefill: every layer's K/V of every position reach the sink once, equal to a
+    one-step forward pass's up to rounding (other matmul shapes), on full and sliding layers."""
+    model = tiny(kind)
+    prompt = ids(30, 5)
+    got: dict[str, dict[int, tuple]] = {"steps": {}, "whole": {}}
+    for name, chunk in (("steps", 8), ("whole", 64)):
+        p = ModelPrefixPredictor(model, 3, prefill_chunk=chunk)
+
+        def sink(layer, k, v, out=got[name]):
+            assert layer not in out, "a layer reached the sink twice"
+            out[layer] = (k.float(), v.float())
+
+        p.prefix(prompt, sink)
+    assert sorted(got["steps"]) == sorted(got["whole"]) == [0, 1, 2]
+    for layer, (k, v) in got["whole"].items():
+        k2, v2 = got["steps"][layer]
+        assert k2.shape == k.shape and k.shape[2] == 30
+        scale = float(k.abs().max()) + float(v.abs().max())
+        assert float((k2 - k).abs().max()) < 0.05 * scale and float((v2 - v).abs().max()) < 0.05 * scale

@@ -34,7 +34,7 @@ from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_q
 from .cost import joint_by_default
 from .layerwise import is_layerwise, walk_layers
 from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor, describe, fixed_threads
-from .prefix import ModelPrefixPredictor
+from .prefix import PREFILL_CHUNK, ModelPrefixPredictor
 
 # Tokens per block of the container: what a reader can address (and what a prefix store
 # shares); a block costs one more stream header per K and V (~0.1 KB).
@@ -988,7 +988,10 @@ def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
     calibrations and streams); ``CalibrationMismatchError`` for others."""
     name = description.get("name")
     if name == "model-prefix":
-        return ModelPrefixPredictor(model, int(description["layers"]), threads=int(description["threads"]))
+        chunk = int(description.get("prefill_chunk", PREFILL_CHUNK))
+        return ModelPrefixPredictor(
+            model, int(description["layers"]), threads=int(description["threads"]), prefill_chunk=chunk
+        )
     if name == "fp8":
         scale = str(description.get("scale", ""))
         block = None if scale.startswith("per-tensor") else int(scale.split("x")[0])
