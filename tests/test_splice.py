@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import DTYPES, as_dtype, bit_arrays, same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speckv
+from helpers import DTYPES, as_dtype, bit_arrays, same_bits
 
 
 @st.composite
