@@ -57,6 +57,12 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
 
             layers[i] = layer = DynamicLayer()
         cache.update(k, v, i)
+        # the update copies (a concatenation onto an empty layer): the layer takes the tensors
+        # themselves instead, the same values, so a restore never holds the cache twice
+        held = getattr(cache, "layers", None)
+        layer = held[i] if held is not None and i < len(held) else layer
+        if layer is not None and getattr(layer, "keys", None) is not None and layer.keys.shape == k.shape:
+            layer.keys, layer.values = k, v
         if tokens is not None and layer is not None and hasattr(layer, "cumulative_length"):
             layer.cumulative_length = int(tokens)
     return cache
