@@ -543,7 +543,10 @@ class SpeculativeCodec:
         if count != n_layers:
             raise ValueError(f"prediction: {count} layers, the cache has {n_layers}")
         if layout == "stacked":
-            blocks = [[_api.join_streams(k), _api.join_streams(v)] for k, v in streams]
+            blocks = []
+            for pair in streams:  # each group's streams let go once joined
+                blocks.append([_api.join_streams(pair[0]), _api.join_streams(pair[1])])
+                pair.clear()
         else:
             blocks = streams
         metadata: dict[str, Any] = {

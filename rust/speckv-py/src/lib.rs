@@ -6,6 +6,7 @@ use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
 
 use speckv::codec::EncodeOptions;
@@ -391,10 +392,11 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
 /// Streams of consecutive slabs of one tensor joined into the stream of the whole
 /// (`speckv::format::splice::join`).
 #[pyfunction]
-fn stream_join<'py>(py: Python<'py>, streams: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyBytes>> {
+fn stream_join<'py>(py: Python<'py>, streams: Vec<PyBackedBytes>) -> PyResult<Bound<'py, PyBytes>> {
     let out = py
         .allow_threads(|| {
-            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            // borrowed from the Python bytes, not copied
+            let refs: Vec<&[u8]> = streams.iter().map(|s| &s[..]).collect();
             speckv::format::splice::join(&refs)
         })
         .map_err(to_py)?;
@@ -425,12 +427,12 @@ fn container_write<'py>(
     block_tokens: u32,
     tokens: u64,
     metadata: &[u8],
-    streams: Vec<Vec<u8>>,
+    streams: Vec<PyBackedBytes>,
     layer_tokens: Option<Vec<u64>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let out = py
         .allow_threads(|| {
-            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            let refs: Vec<&[u8]> = streams.iter().map(|s| &s[..]).collect();
             container::write(per_layer, layers, block_tokens, tokens, layer_tokens.as_deref(), metadata, &refs)
         })
         .map_err(to_py)?;
