@@ -544,9 +544,9 @@ class SpeculativeCodec:
             raise ValueError(f"prediction: {count} layers, the cache has {n_layers}")
         if layout == "stacked":
             blocks = []
-            for pair in streams:  # each group's streams let go once joined
-                blocks.append([_api.join_streams(pair[0]), _api.join_streams(pair[1])])
-                pair.clear()
+            for kv_streams in streams:  # each group's streams let go once joined
+                blocks.append([_api.join_streams(kv_streams[0]), _api.join_streams(kv_streams[1])])
+                kv_streams.clear()
         else:
             blocks = streams
         metadata: dict[str, Any] = {
