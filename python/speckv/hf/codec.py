@@ -154,6 +154,12 @@ def _held(kv: KV) -> list[int]:
     return held
 
 
+def _per_layer_batch(threads: int, blocks: int) -> int:
+    """Layers a per-layer container is coded or decoded at a time: enough streams (K and V of
+    each block) for every thread, and no more layers' parameters than that."""
+    return max(1, -(-2 * threads // blocks))
+
+
 def _join(blocks: list[Any]) -> Any:
     """One layer's K or V from its blocks' pieces (``[batch, heads, tokens, dim]``)."""
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
@@ -494,7 +500,7 @@ class SpeculativeCodec:
             group = 1 if layerwise else LAYERS_PER_CHUNK
         else:
             # enough streams at once for every thread
-            group = max(1, -(-2 * _api.resolve_threads(threads) // len(starts)))
+            group = _per_layer_batch(_api.resolve_threads(threads), len(starts))
         # per block: stacked, K's and V's streams of each group; per layer, every stream
         streams: list[list[Any]] = [[[], []] if layout == "stacked" else [] for _ in starts]
         pending: list[tuple[int, Any, Any]] = []
@@ -772,7 +778,7 @@ class SpeculativeCodec:
                             if layer in parts:
                                 parts[layer][which].append(piece)
         else:
-            span = max(1, -(-2 * n // len(c.blocks)))
+            span = _per_layer_batch(n, len(c.blocks))
             for i in range(0, len(wanted), span):
                 jobs = []
                 for layer in wanted[i : i + span]:
