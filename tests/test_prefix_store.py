@@ -148,3 +148,64 @@ def test_block_keys_are_pinned():
     golden = ["e93909e562f19ebc1b55747e10d65494", "f7427bd8dc3adad9eb015626e2dcfe6f"]
     assert chain_keys(b"speckv-test", ids, 4) == golden
     assert chain_keys(b"speckv-test", ids[:, :3], 4) == []
+
+
+class FlakyBackend(MemoryBackend):
+    """A memory backend whose reads of some keys fail as an unreachable store's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken: set[str] = set()
+
+    def get(self, key: str):
+        from speckv.store import StoreError
+
+        if key in self.broken:
+            raise StoreError(f"{key}: unreachable")
+        return super().get(key)
+
+
+def test_an_unreadable_entry_ends_the_prefix_in_get_put_and_match(codec):
+    """A backend error on one block's read serves the blocks before it (get), stores nothing
+    past it (put), and match never claims more than get serves."""
+    backend = FlakyBackend()
+    store = PrefixStore(codec, backend, block_size=BLOCK)
+    a, _ = shared_prompts()
+    cache = prefill(codec.model, a)
+    assert store.put(a, cache) == 64
+    backend.broken.add(store.keys(a)[2])
+    assert store.match(a) == 32
+    restored, n = store.get(a)
+    assert n == 32 and extract_kv(restored)[0][0].shape[2] == 32
+    assert store.stats()["store_errors"] == 1
+    assert store.put(a, cache) == 0  # the unreadable block: storing ends there, no raise
+    assert store.stats()["store_errors"] == 2
+
+
+def test_match_checks_each_entry_and_agrees_with_get(codec, tmp_path):
+    """An entry that is there but damaged (has() would say True) ends match's prefix too."""
+    backend = DirectoryBackend(tmp_path / "s")
+    store = PrefixStore(codec, backend, block_size=BLOCK)
+    a, _ = shared_prompts()
+    store.put(a, prefill(codec.model, a))
+    path = backend._file(store.keys(a)[1])
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 1
+    path.write_bytes(bytes(data))
+    assert backend.has(store.keys(a)[1])
+    assert store.match(a) == 16 == store.get(a)[1]
+
+
+def test_an_entry_copied_under_another_key_is_not_kept_or_served(codec, tmp_path):
+    """A whole entry under the wrong key (a copied or renamed file) passes no check: put stores
+    the right one in its place, get never serves it."""
+    backend = DirectoryBackend(tmp_path / "s")
+    store = PrefixStore(codec, backend, block_size=BLOCK)
+    a, _ = shared_prompts()
+    cache = prefill(codec.model, a)
+    store.put(a, cache)
+    keys = store.keys(a)
+    backend._file(keys[1]).write_bytes(backend._file(keys[0]).read_bytes())
+    assert store.match(a) == 16 and store.get(a)[1] == 16
+    assert store.put(a, cache) == 16  # block 1 stored again in its place
+    assert store.match(a) == 64 and store.get(a)[1] == 64

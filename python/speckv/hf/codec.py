@@ -238,6 +238,7 @@ class SpeculativeCodec:
         progress: bool = False,
         producer: Any = None,
         keep_joint_fits: bool = False,
+        fp8_scale: float | None = None,
     ) -> Calibration:
         """Measures sigma and fp8 scales on prompts (``input_ids`` of shape ``[1, seq]``), and
         fits a learned predictor's maps (see ``calibrate``)."""
@@ -250,6 +251,7 @@ class SpeculativeCodec:
             progress=progress,
             producer=producer,
             keep_joint_fits=keep_joint_fits,
+            fp8_scale=fp8_scale,
         )
         return self.calibration
 
@@ -287,6 +289,9 @@ class SpeculativeCodec:
                 stored = true.to(MODES[mode])  # bf16 / fp16 from their own dtype: exact
             return stored if on_device else stored.cpu()
         true = true.cpu()
+        if true.dtype == MODES[mode]:
+            # stored already (an engine's fp8 cache, with the calibration's scale): its bits
+            return true
         if mode == "fp8":
             return fp8_quantize(true, float(self._calibration().fp8_scales[layer, kv]))
         return true.to(MODES[mode])

