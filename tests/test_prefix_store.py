@@ -111,10 +111,10 @@ def test_generate_from_a_restored_prefix_equals_generate_from_the_cache(codec):
     store.put(a[:, :48], [(k[:, :, :48], v[:, :, :48]) for k, v in cache])
     prompt = a[:, :56]  # three stored blocks, then 8 tokens for the model
     from speckv.hf import build_cache
-    from speckv.hf.store import _cache_argument
+    from speckv.hf.cache import cache_argument
 
     cut = build_cache([(k[:, :, :48].clone(), v[:, :, :48].clone()) for k, v in cache])
-    reference = model.generate(prompt, do_sample=False, max_new_tokens=10, **{_cache_argument(model): cut})
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=10, **{cache_argument(model): cut})
     got = store.generate(prompt, do_sample=False, max_new_tokens=10)
     assert torch.equal(got, reference)
     assert store.stats()["hits"] == 3

@@ -240,6 +240,9 @@ class DirectoryBackend:
         except OSError as e:
             raise StoreError(f"{self.path}: {e}") from None
 
+    def __repr__(self) -> str:
+        return f"DirectoryBackend({str(self.path)!r})"
+
     def _file(self, key: str) -> Path:
         check_key(key)
         return self.path / key[:2] / (key + self.SUFFIX)
@@ -360,6 +363,11 @@ class RedisBackend:
                 raise StoreError(f"redis: {e}") from None
         self.client = client
         self.prefix = prefix
+
+    def __repr__(self) -> str:
+        kw = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
+        where = f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw else "a client"
+        return f"RedisBackend({where}, prefix={self.prefix!r})"
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

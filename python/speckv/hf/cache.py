@@ -68,6 +68,14 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
     return cache
 
 
+def cache_argument(model: Any) -> str:
+    """The forward pass's (and ``generate``'s) name for a cache to continue and fill:
+    ``cache`` (transformers >= 5.20) or ``past_key_values`` (before)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def prefill(model: Any, input_ids: torch.Tensor) -> KV:
     """Runs the prompt through ``model`` and returns its cache as per-layer ``(K, V)``."""
     with torch.no_grad():

@@ -37,7 +37,7 @@ from typing import Any, cast
 import torch
 
 from .architecture import layer_types, layer_windows, text_config
-from .cache import KV
+from .cache import KV, cache_argument
 from .predictors import _decoder_layers, fixed_threads
 
 # torch threads of the prefix's forward pass (recorded in streams; a fixed number, so that a
@@ -365,6 +365,7 @@ class ModelPrefixPredictor:
             raise ValueError(f"prefill_chunk: expected a positive int, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
         _decoder_layers(model)
+        self._cache_kw = cache_argument(model)
         self.model = model
         self.layers = int(layers)
         self.threads = int(threads)
@@ -488,7 +489,7 @@ class ModelPrefixPredictor:
             cache = _observing_cache(self.model.config, self.layers, sink, keep=state is not None)
         with torch.no_grad(), fixed_threads(self.threads):
             try:
-                self.model(input_ids=input_ids, cache=cache, use_cache=True)
+                self.model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache})
             except _Stop:
                 if state is not None:
                     state.cache = cache

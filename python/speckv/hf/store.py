@@ -34,7 +34,7 @@ import torch
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, StoreError, pack_entry, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
-from .cache import build_cache
+from .cache import build_cache, cache_argument
 from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
 from .predictors import describe
 from .prefix import ModelPrefixPredictor, PrefixState
@@ -104,7 +104,8 @@ class PrefixStore:
                 if raw is None:
                     break
                 unpack_entry(raw, key)
-            except (CorruptStreamError, StoreError):
+            except (CorruptStreamError, StoreError) as e:
+                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
                 break
             n += self.block_size
         return n
@@ -247,7 +248,7 @@ class PrefixStore:
 
             cache = DynamicCache()
         if cache is not None:
-            kwargs[_cache_argument(model)] = cache
+            kwargs[cache_argument(model)] = cache
         out = model.generate(ids, **kwargs)
         sequences = out.sequences
         made = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
@@ -255,6 +256,10 @@ class PrefixStore:
             # the cache holds every token but the last one generated
             self.put(sequences[:, :-1], made)
         return sequences
+
+    def stats_counters(self) -> dict[str, int]:
+        """``stats`` without asking the backend (its blocks and bytes): this object's counters."""
+        return dict(self._stats)
 
     def stats(self) -> dict[str, int]:
         """Blocks and bytes held, and this store object's hits, misses, tokens stored,
@@ -281,14 +286,6 @@ def _ids(input_ids: torch.Tensor) -> torch.Tensor:
     if ids.ndim != 2 or ids.shape[0] != 1:
         raise ValueError(f"input_ids: expected shape [1, tokens], got {tuple(ids.shape)}")
     return ids.contiguous()
-
-
-def _cache_argument(model: Any) -> str:
-    """``generate``'s name for a starting cache: ``cache`` (transformers 5) or
-    ``past_key_values``."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _ignore(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from pathlib import Path
 
 import torch
 
@@ -68,7 +68,6 @@ class EngineStore:
         from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
         from ..hf.codec import SpeculativeCodec, predictor_from_description
         from ..hf.store import PrefixStore
-        from pathlib import Path
 
         if cache_dtype not in CACHE_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in CACHE_DTYPES)
@@ -108,38 +107,51 @@ class EngineStore:
                     "calibrate with `speckv calibrate --fp8-scale S` for the engine's scale S"
                 )
 
+    def _faults_since(self, before: dict[str, int], doing: str) -> None:
+        """Logs (once per kind) the store errors and damaged entries met since ``before``."""
+        now = self.prefix.stats_counters()
+        if now["store_errors"] > before["store_errors"]:
+            self._fault(f"{doing}:store", f"{doing}: the store could not be read or written ({self.backend!r})")
+        if now["corrupt_entries"] > before["corrupt_entries"]:
+            self._fault(f"{doing}:entry", f"{doing}: a damaged or foreign entry ended a stored prefix")
+
     def match(self, token_ids: list[int] | torch.Tensor) -> int:
         """Tokens of the longest stored, intact, block-aligned prefix of ``token_ids`` (0 on
         any fault)."""
+        before = self.prefix.stats_counters()
         try:
             return self.prefix.match(_ids(token_ids))
         except Exception as e:  # a store that fails is a miss, never an engine error
             self._fault(f"match:{type(e).__name__}", f"matching a prefix failed: {e}")
             return 0
+        finally:
+            self._faults_since(before, "matching")
 
     def load(self, token_ids: list[int] | torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
         """``(kv, n)``: the stored cache of ``token_ids``' longest stored prefix, per layer
         ``(K, V)`` ``[1, kv_heads, n, head_dim]`` in the engine's cache dtype, bit for bit;
         ``([], 0)`` when nothing could be served."""
+        before = self.prefix.stats_counters()
         try:
-            cache, n = self.prefix.get(_ids(token_ids), dequantize=False)
+            return self.prefix.get_kv(_ids(token_ids))
         except Exception as e:
             self._fault(f"load:{type(e).__name__}", f"loading a prefix failed: {e}")
             return [], 0
-        if cache is None:
-            return [], 0
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        return kv, n
+        finally:
+            self._faults_since(before, "loading")
 
     def save(self, token_ids: list[int] | torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
         """Stores the blocks of ``kv`` (the engine's cache of ``token_ids``, per layer ``(K, V)``
         ``[1, kv_heads, tokens, head_dim]``) not stored yet; returns how many tokens that was
         (0 on any fault: a cache not stored is a later miss, never an engine error)."""
+        before = self.prefix.stats_counters()
         try:
             return self.prefix.put(_ids(token_ids), kv)
         except Exception as e:
             self._fault(f"save:{type(e).__name__}", f"storing a prefix failed: {e}")
             return 0
+        finally:
+            self._faults_since(before, "storing")
 
 
 def _ids(token_ids: list[int] | torch.Tensor) -> torch.Tensor:

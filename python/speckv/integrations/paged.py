@@ -62,7 +62,7 @@ class PagedLayout:
         block_size, head_dim]``, in the buffer's dtype (copies)."""
         b, d = self.block_size, self.head_dim
         ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-        blocks = buffer.index_select(0, ids)  # [n, H, B, 2D]
+        blocks = _bits(buffer).index_select(0, ids).view(buffer.dtype)  # [n, H, B, 2D]
         n, h = blocks.shape[0], blocks.shape[1]
         flat = blocks.reshape(n, h, 2 * b * d)
         k = flat[:, :, : d * b].reshape(n, h, d, b).transpose(2, 3)  # [n, H, B, D]
@@ -85,10 +85,19 @@ class PagedLayout:
         def blocks(t: torch.Tensor) -> torch.Tensor:  # [1, H, n * B, D] -> [n, H, B, D]
             return t.reshape(h, n, b, d).permute(1, 0, 2, 3)
 
-        kt = blocks(k).transpose(2, 3).reshape(n, h, d * b)
-        vt = blocks(v).reshape(n, h, b * d)
+        kt = _bits(blocks(k).transpose(2, 3).reshape(n, h, d * b))
+        vt = _bits(blocks(v).reshape(n, h, b * d))
         data = torch.cat([kt, vt], dim=2).reshape(n, h, b, 2 * d)
-        buffer.index_copy_(0, torch.as_tensor(list(block_ids), dtype=torch.long), data)
+        _bits(buffer).index_copy_(0, torch.as_tensor(list(block_ids), dtype=torch.long), data)
+
+
+_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bit patterns as integers of its size (copies and index kernels for every dtype:
+    torch has no ``index_copy_`` for fp8)."""
+    return t.view(_INTEGERS[t.element_size()])
 
 
 __all__ = ["CPU", "PagedLayout", "UnsupportedLayoutError"]

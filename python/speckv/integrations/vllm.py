@@ -1,0 +1,325 @@
+"""speckv as a vLLM KV connector: a lossless, compressed prefix tier under vLLM's own cache.
+
+Every whole block of a prompt's KV cache is compressed (speckv's codec, with a predictor that
+fits inside the worker: see ``EngineStore``) and stored under a hash chain over the token blocks
+and the codec's identity, in a folder or a Redis server: prompts sharing a prefix store it once,
+and a restarted engine, or another one on the same store, reads what the first stored. A new
+request whose prompt starts with stored blocks gets them decoded into its own blocks instead of
+computing them, bit for bit the cache the storing run computed.
+
+Configuration (``calibration``: ``speckv calibrate --model FOLDER --predictor map -o FILE``, on
+the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``)::
+
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    llm = LLM(model="FOLDER", kv_transfer_config=KVTransferConfig(
+        kv_connector="SpeckvConnector",
+        kv_connector_module_path="speckv.integrations.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={"store": "/var/kv" or "redis://127.0.0.1:6379/0",
+                                   "calibration": "cal.safetensors"}))
+
+Faults never reach the engine: a store that fails, an entry that is damaged, foreign or
+missing, a decode that is refused, all make the request compute those tokens itself (logged
+once per kind). For that the connector sets vLLM's ``kv_load_failure_policy`` to
+``"recompute"`` unless ``kv_connector_extra_config["load_failure"]`` is ``"fail"``.
+
+Layouts: vLLM's CPU attention backend (``speckv.integrations.paged``); any other paged layout
+is refused at start-up (``UnsupportedLayoutError``, naming it). Cache dtypes: the model's
+bf16 / fp16, and ``fp8`` / ``fp8_e4m3`` with the calibration's fp8 scales (``fp8_e5m2`` is
+refused). Models with several KV cache groups (sliding-window layers) are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from .engine import EngineStore
+from .paged import PagedLayout, UnsupportedLayoutError
+
+if TYPE_CHECKING:
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+# vLLM's kv_cache_dtype -> how its workers' buffers hold it (None: the model's dtype)
+_CACHE_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+
+
+@dataclass
+class _Load:
+    """Decode ``token_ids`` (whole blocks) into the request's blocks ``block_ids[first:]``
+    (the first ``first`` blocks were computed by vLLM's own prefix cache)."""
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    first: int
+
+
+@dataclass
+class _Save:
+    """Store the request's whole prompt blocks: ``token_ids`` in blocks ``block_ids``."""
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+
+
+@dataclass
+class SpeckvConnectorMetadata(KVConnectorMetadata):
+    """What one engine step asks of the workers: blocks to decode, prompts to store."""
+
+    loads: list[_Load] = field(default_factory=list)
+    saves: list[_Save] = field(default_factory=list)
+
+
+def cache_dtype(vllm_config: Any) -> torch.dtype:
+    """The dtype vLLM stores this engine's KV cache in (fp8 as ``float8_e4m3fn``)."""
+    name = str(vllm_config.cache_config.cache_dtype)
+    if name not in _CACHE_DTYPES:
+        raise UnsupportedLayoutError(f"kv_cache_dtype {name!r}: speckv stores {sorted(_CACHE_DTYPES)}")
+    dtype = _CACHE_DTYPES[name]
+    return dtype if dtype is not None else vllm_config.model_config.dtype
+
+
+class SpeckvConnector(KVConnectorBase_V1):
+    """The connector (see the module docs). vLLM builds it twice: with the scheduler role
+    (matching prompts against the store) and with the worker role (decoding and storing)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        for needed in ("store", "calibration"):
+            if needed not in extra:
+                raise ValueError(f"SpeckvConnector: kv_connector_extra_config needs {needed!r} (see speckv.integrations.vllm)")
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        if len(groups) > 1:
+            raise UnsupportedLayoutError(
+                f"SpeckvConnector: the model has {len(groups)} KV cache groups (sliding-window layers); "
+                "speckv's connector stores models with one"
+            )
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._dtype = cache_dtype(vllm_config)
+        self.store = EngineStore(
+            vllm_config.model_config.model,
+            extra["calibration"],
+            extra["store"],
+            block_size=self._block_size,
+            cache_dtype=self._dtype,
+            weights=role == KVConnectorRole.WORKER,
+            joint=extra.get("joint"),
+        )
+        if role == KVConnectorRole.SCHEDULER and extra.get("load_failure", "recompute") == "recompute":
+            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+                logger.info("speckv: kv_load_failure_policy set to 'recompute' (a block speckv cannot serve is computed)")
+        # scheduler side
+        self._matched: dict[str, int] = {}
+        self._need_load: dict[str, tuple[int, list[int]]] = {}
+        self._saving: dict[str, dict[str, Any]] = {}
+        # worker side
+        self._caches: dict[int, torch.Tensor] = {}
+        self._names: dict[str, int] = {}
+        self._layout: PagedLayout | None = None
+        self._captured: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._load_errors: set[int] = set()
+        self._unusable: str | None = None
+        self._scales_checked = False
+
+    # ==============================
+    # Scheduler side
+    # ==============================
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        ids = list(request.prompt_token_ids or [])
+        # vLLM computes at least the prompt's last token itself
+        usable = (len(ids) - 1) // self._block_size * self._block_size
+        if usable <= num_computed_tokens:
+            return 0, False
+        n = self.store.match(ids[:usable])
+        self._matched[request.request_id] = n
+        if n <= num_computed_tokens:
+            return 0, False
+        self._need_load[request.request_id] = (num_computed_tokens, ids[:n])
+        return n - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        if num_external_tokens == 0:
+            self._need_load.pop(request.request_id, None)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = SpeckvConnectorMetadata()
+        b = self._block_size
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt = list(new.prompt_token_ids or [])
+            blocks = list(new.block_ids[0])
+            if new.req_id in self._need_load:
+                local, tokens = self._need_load.pop(new.req_id)
+                meta.loads.append(_Load(new.req_id, tokens, blocks[: len(tokens) // b], local // b))
+            whole = len(prompt) // b
+            if whole > self._matched.pop(new.req_id, 0) // b:  # blocks not stored yet
+                self._saving[new.req_id] = {"prompt": prompt, "blocks": blocks, "done": 0}
+            if new.req_id in self._saving:
+                scheduled = scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+                self._saving[new.req_id]["done"] = new.num_computed_tokens + scheduled
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            new_blocks = cached.new_block_ids[i]
+            resumed = req_id in getattr(cached, "resumed_req_ids", set())
+            if req_id in self._need_load and resumed and new_blocks is not None:
+                local, tokens = self._need_load.pop(req_id)
+                meta.loads.append(_Load(req_id, tokens, list(new_blocks[0])[: len(tokens) // b], local // b))
+            if req_id in self._saving:
+                state = self._saving[req_id]
+                if new_blocks is not None:
+                    state["blocks"] = list(new_blocks[0]) if resumed else state["blocks"] + list(new_blocks[0])
+                state["done"] = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+        for req_id in list(self._saving):
+            state = self._saving[req_id]
+            if state["done"] >= len(state["prompt"]):  # the whole prompt is computed this step
+                whole = len(state["prompt"]) // b
+                meta.saves.append(_Save(req_id, state["prompt"][: whole * b], state["blocks"][:whole]))
+                del self._saving[req_id]
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        for table in (self._matched, self._need_load, self._saving):
+            table.pop(request.request_id, None)
+        return False, None
+
+    # ==============================
+    # Worker side
+    # ==============================
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.platforms import current_platform
+
+        spec = self.store.codec._calibration()
+        heads, dim = int(spec.sigma.shape[2]), int(spec.sigma.shape[3])
+        for order, (name, buffer) in enumerate(kv_caches.items()):
+            found = _LAYER.search(name)
+            layer = int(found.group(1)) if found else order
+            layout = PagedLayout.detect(
+                buffer, platform=str(current_platform.device_type), block_size=self._block_size, kv_heads=heads, head_dim=dim
+            )
+            self._layout = self._layout or layout
+            self._caches[layer] = buffer
+            self._names[name] = layer
+        if sorted(self._caches) != list(range(spec.n_layers)):
+            raise UnsupportedLayoutError(
+                f"SpeckvConnector: vLLM registered KV caches of layers {sorted(self._caches)}, "
+                f"the calibration has {spec.n_layers} layers"
+            )
+
+    def _view(self, buffer: torch.Tensor) -> torch.Tensor:
+        """The buffer in the cache's own dtype (vLLM's fp8 buffers are uint8)."""
+        return buffer.view(self._dtype) if buffer.dtype != self._dtype else buffer
+
+    def _usable(self) -> bool:
+        """False, logged once, where this worker cannot serve or store (fp8 scales that are
+        not the calibration's)."""
+        if not self._scales_checked:
+            self._scales_checked = True
+            try:
+                self.store.check_fp8_scales(self._fp8_scales())
+            except ValueError as e:
+                self._unusable = str(e)
+                logger.warning("speckv: connector off, every request computes its prefill: %s", e)
+        return self._unusable is None
+
+    def _fp8_scales(self) -> list[tuple[float, float]]:
+        if self.store.dtype != "fp8":
+            return []
+        layers = self._vllm_config.compilation_config.static_forward_context
+        scales: dict[int, tuple[float, float]] = {}
+        for name, layer in self._names.items():
+            attn = layers.get(name)
+            scales[layer] = (float(getattr(attn, "_k_scale_float", 1.0)), float(getattr(attn, "_v_scale_float", 1.0)))
+        return [scales[i] for i in sorted(scales)]
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SpeckvConnectorMetadata)
+        b = self._block_size
+        for load in meta.loads:
+            served = load.first
+            if self._usable() and load.token_ids and self._layout is not None:
+                try:
+                    kv, n = self.store.load(load.token_ids)
+                    served = max(load.first, n // b)
+                    for layer, (k, v) in enumerate(kv):
+                        lo, hi = load.first * b, served * b
+                        self._layout.write(
+                            self._view(self._caches[layer]),
+                            load.block_ids[load.first : served],
+                            k[:, :, lo:hi].contiguous(),
+                            v[:, :, lo:hi].contiguous(),
+                        )
+                except Exception as e:  # never the engine's error: those blocks are computed
+                    self.store._fault(f"inject:{type(e).__name__}", f"writing decoded blocks failed: {e}")
+                    served = load.first
+            failed = load.block_ids[served:]
+            if failed:
+                self.store._fault(
+                    "partial",
+                    f"{len(failed)} of {len(load.block_ids) - load.first} matched blocks could not be served "
+                    "(a damaged, foreign or vanished entry, or a decode refused)",
+                )
+                self._load_errors.update(failed)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv decodes every layer before the forward pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SpeckvConnectorMetadata)
+        if not meta.saves or self._layout is None or layer_name not in self._names:
+            return
+        layer = self._names[layer_name]
+        for save in meta.saves:
+            try:
+                pair = self._layout.read(self._view(kv_layer), save.block_ids)
+            except Exception as e:
+                self.store._fault(f"read:{type(e).__name__}", f"reading blocks to store failed: {e}")
+                continue
+            self._captured.setdefault(save.req_id, {})[layer] = pair
+
+    def wait_for_save(self) -> None:
+        if not self._captured:
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SpeckvConnectorMetadata)
+        captured, self._captured = self._captured, {}
+        if not self._usable():
+            return
+        for save in meta.saves:
+            layers = captured.get(save.req_id, {})
+            if sorted(layers) != sorted(self._caches):
+                continue  # a layer could not be read: nothing stored, a later miss
+            self.store.save(save.token_ids, [layers[i] for i in sorted(layers)])
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+
+__all__ = ["SpeckvConnector", "SpeckvConnectorMetadata", "cache_dtype"]

@@ -1,0 +1,156 @@
+"""What the vLLM connector stands on, without vLLM: the paged CPU layout (bit-exact block
+reads and writes for every dtype), the checkpoint trunk and its fingerprint, and
+``EngineStore`` (save / match / load bit for bit; every fault a logged miss, never a raise)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_hf import ids, tiny_model  # noqa: E402
+
+from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, model_fingerprint  # noqa: E402
+from speckv.hf.cache import other_kernels  # noqa: E402
+from speckv.hf.checkpoint import CheckpointError, checkpoint_fingerprint, load_trunk  # noqa: E402
+from speckv.integrations.engine import EngineStore  # noqa: E402
+from speckv.integrations.paged import PagedLayout, UnsupportedLayoutError  # noqa: E402
+from speckv.store import MemoryBackend, StoreError  # noqa: E402
+
+BLOCK = 16
+DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]
+
+
+def _random_bits(shape, dtype, seed):
+    """Any bit pattern at all (NaNs, infinities, subnormals, -0) in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    size = torch.empty((), dtype=dtype).element_size()
+    words = torch.randint(0, 256, (*shape[:-1], shape[-1] * size), generator=g, dtype=torch.uint8)
+    return words.view(dtype)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    blocks=st.integers(1, 5),
+    heads=st.integers(1, 3),
+    dim=st.sampled_from([2, 4, 8]),
+    seed=st.integers(0, 2**31),
+)
+def test_paged_cpu_layout_reads_and_writes_blocks_bit_for_bit(dtype, blocks, heads, dim, seed):
+    b = 4
+    buffer = _random_bits((blocks + 2, heads, b, 2 * dim), dtype, seed)
+    layout = PagedLayout.detect(buffer, platform="cpu", block_size=b, kv_heads=heads, head_dim=dim)
+    order = list(torch.randperm(blocks + 2, generator=torch.Generator().manual_seed(seed))[:blocks])
+    k, v = layout.read(buffer, order)
+    assert k.shape == v.shape == (1, heads, blocks * b, dim) and k.dtype == dtype
+    # the layout as documented: K transposed [dim][block], then V [block][dim]
+    raw = buffer.view(torch.uint8 if dtype.itemsize == 1 else torch.int16)
+    for i, blk in enumerate(order):
+        flat = raw[blk].reshape(heads, -1)
+        want_k = flat[:, : dim * b].reshape(heads, dim, b).transpose(1, 2)
+        want_v = flat[:, dim * b :].reshape(heads, b, dim)
+        kb = k.view(raw.dtype)[0, :, i * b : (i + 1) * b]
+        vb = v.view(raw.dtype)[0, :, i * b : (i + 1) * b]
+        assert torch.equal(kb, want_k) and torch.equal(vb, want_v)
+    other = _random_bits(buffer.shape, dtype, seed + 1)
+    before = other.view(raw.dtype).clone()
+    layout.write(other, order, k, v)
+    k2, v2 = layout.read(other, order)
+    assert torch.equal(k2.view(raw.dtype), k.view(raw.dtype)) and torch.equal(v2.view(raw.dtype), v.view(raw.dtype))
+    untouched = [i for i in range(blocks + 2) if i not in [int(o) for o in order]]
+    assert torch.equal(other.view(raw.dtype)[untouched], before[untouched])
+
+
+def test_other_layouts_are_refused_by_name():
+    import re
+
+    for shape, platform in (((2, 10, 16, 2, 8), "cpu"), ((10, 16, 2, 16), "cpu"), ((10, 2, 16, 16), "cuda")):
+        with pytest.raises(UnsupportedLayoutError, match=re.escape(str(list(shape)))):
+            PagedLayout.detect(torch.zeros(shape), platform=platform, block_size=16, kv_heads=2, head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny model as a transformers folder and a map-predictor calibration of it."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    model = tiny_model("llama")
+    model.save_pretrained(str(folder))
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1))
+    codec.calibrate([ids(48, s) for s in range(6)], fp8_scale=1.0)
+    cal = folder / "cal.safetensors"
+    codec.save(str(cal))
+    return folder, cal, model
+
+
+def test_the_trunk_predicts_as_the_whole_model_and_fingerprints_the_same(checkpoint):
+    """As the folder's model loaded whole (``from_pretrained``: RoPE's frequencies in float32,
+    where the in-memory model cast them to bf16 with ``.to``)."""
+    folder, _, original = checkpoint
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).eval()
+    trunk = load_trunk(folder, 1)
+    assert checkpoint_fingerprint(folder, trunk) == model_fingerprint(model) == model_fingerprint(original)
+    assert any(p.is_meta for p in trunk.parameters())  # the rest was never read
+    prompt = ids(40, 9)
+    got: dict[int, tuple] = {}
+    ModelPrefixPredictor(trunk, layers=1).prefix(prompt, lambda layer, k, v: got.setdefault(0, (k, v)))
+    ModelPrefixPredictor(model, layers=1).prefix(prompt, lambda layer, k, v: got.setdefault(1, (k, v)))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    with pytest.raises(CheckpointError):
+        load_trunk(folder / "missing", 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_engine_store_saves_and_loads_bit_for_bit(checkpoint, dtype, tmp_path):
+    folder, cal, model = checkpoint
+    worker = EngineStore(folder, cal, str(tmp_path / "s"), block_size=BLOCK, cache_dtype=dtype)
+    scheduler = EngineStore(folder, cal, str(tmp_path / "s"), block_size=BLOCK, cache_dtype=dtype, weights=False)
+    prompt = ids(40, 3)[0].tolist()
+    kv = [(k.to(dtype), v.to(dtype)) for k, v in other_kernels(model, torch.tensor([prompt]))]
+    assert scheduler.match(prompt) == 0
+    assert worker.save(prompt, kv) == 32
+    assert scheduler.match(prompt) == 32 and scheduler.match(prompt[:20]) == 16
+    back, n = worker.load(prompt[:32])
+    assert n == 32 and len(back) == len(kv)
+    for (k, v), (k2, v2) in zip(kv, back):
+        assert k2.dtype == dtype
+        assert torch.equal(k2.view(torch.uint8), k[:, :, :32].contiguous().view(torch.uint8))
+        assert torch.equal(v2.view(torch.uint8), v[:, :, :32].contiguous().view(torch.uint8))
+
+
+class FailingBackend(MemoryBackend):
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def get(self, key):
+        if self.fail == "get":
+            raise StoreError("connection refused")
+        return super().get(key)
+
+    def put(self, key, value, parent=None):
+        if self.fail == "put":
+            raise StoreError(f"write: {OSError(errno.ENOSPC, 'No space left on device')}")
+        return super().put(key, value, parent)
+
+
+def test_engine_store_faults_are_logged_misses(checkpoint, caplog):
+    folder, cal, model = checkpoint
+    prompt = ids(40, 4)[0].tolist()
+    kv = [(k, v) for k, v in other_kernels(model, torch.tensor([prompt]))]
+    full = EngineStore(folder, cal, FailingBackend("put"), block_size=BLOCK)
+    with caplog.at_level(logging.WARNING, logger="speckv.engine"):
+        assert full.save(prompt, kv) == 0
+        assert full.save(prompt, kv) == 0
+    assert sum("could not be read or written" in r.message for r in caplog.records) == 1  # once
+    down = EngineStore(folder, cal, FailingBackend("get"), block_size=BLOCK)
+    assert down.match(prompt) == 0 and down.load(prompt[:32]) == ([], 0)
+    with pytest.raises(ValueError, match="fp8 scales"):
+        EngineStore(folder, cal, MemoryBackend(), block_size=BLOCK, cache_dtype=torch.float8_e4m3fn).check_fp8_scales(
+            [(2.0, 1.0)] * 3
+        )

@@ -1,0 +1,114 @@
+"""One vLLM engine run for tests/test_vllm.py and benches/bench_vllm.py (run in the vLLM
+virtualenv, ``.ci/vllm-venv``; one process per run, so that a second run is a restart).
+
+    python tests/vllm_driver.py CONFIG.json
+
+CONFIG: ``model`` (a transformers folder), ``prompts`` (lists of token ids), ``connector``
+("speckv", "example" or "none"), ``store``, ``calibration``, ``kv_cache_dtype``, ``max_tokens``,
+``record`` (a folder: the worker writes there the blocks each request stored and the blocks
+injected into it, as read back from vLLM's buffer), ``out`` (a JSON file: greedy outputs and
+each request's time to first token), ``ttft_each`` (run the prompts one at a time, for times).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+try:  # the connectors below, importable by vLLM's engine process (this file's folder on its path)
+    import torch
+    from speckv.integrations.vllm import SpeckvConnector, SpeckvConnectorMetadata
+
+    def _record(kind: str, req_id: str, layers: dict[int, Any]) -> None:
+        folder = os.environ.get("SPECKV_TEST_RECORD")
+        if folder:
+            safe = "".join(c if c.isalnum() else "_" for c in req_id)
+            torch.save({i: (k.view(torch.uint8), v.view(torch.uint8)) for i, (k, v) in layers.items()},
+                       os.path.join(folder, f"{kind}-{safe}.pt"))
+
+    class RecordingSpeckvConnector(SpeckvConnector):
+        """SpeckvConnector that also writes down, per request, the blocks it stored (what vLLM
+        computed) and the blocks it injected (read back from vLLM's buffer after the load)."""
+
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            super().start_load_kv(forward_context, **kwargs)
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, SpeckvConnectorMetadata) and self._layout is not None
+            failed = set(self._load_errors)
+            for load in meta.loads:
+                served = [b for b in load.block_ids[load.first :] if b not in failed]
+                if served:
+                    _record("injected", load.req_id, {
+                        layer: self._layout.read(self._view(buf), served) for layer, buf in self._caches.items()
+                    })
+
+        def wait_for_save(self) -> None:
+            meta = self._get_connector_metadata()
+            for save in getattr(meta, "saves", []):
+                layers = self._captured.get(save.req_id, {})
+                if layers:
+                    _record("stored", save.req_id, dict(layers))
+            super().wait_for_save()
+
+except ImportError:  # imported by pytest outside the vLLM virtualenv: only the docs matter
+    pass
+
+
+def main(path: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    cfg = json.loads(open(path).read())
+    kind = cfg.get("connector", "speckv")
+    transfer = None
+    if kind == "speckv":
+        extra = {"store": cfg["store"], "calibration": cfg["calibration"], **cfg.get("extra", {})}
+        transfer = KVTransferConfig(
+            kv_connector="RecordingSpeckvConnector" if cfg.get("record") else "SpeckvConnector",
+            kv_connector_module_path="vllm_driver" if cfg.get("record") else "speckv.integrations.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+        )
+    elif kind == "example":
+        transfer = KVTransferConfig(
+            kv_connector="ExampleConnector", kv_role="kv_both", kv_connector_extra_config={"shared_storage_path": cfg["store"]}
+        )
+    if cfg.get("record"):
+        os.makedirs(cfg["record"], exist_ok=True)
+        os.environ["SPECKV_TEST_RECORD"] = cfg["record"]
+    llm = LLM(
+        model=cfg["model"],
+        enforce_eager=True,
+        kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
+        enable_prefix_caching=False,
+        kv_transfer_config=transfer,
+        max_model_len=cfg.get("max_model_len", 2048),
+        seed=0,
+    )
+    params = SamplingParams(max_tokens=cfg.get("max_tokens", 8), temperature=0.0)
+    prompts = [{"prompt_token_ids": p} for p in cfg["prompts"]]
+    outputs: list[list[int]] = []
+    ttft: list[float] = []
+    if cfg.get("ttft_each"):
+        first = SamplingParams(max_tokens=1, temperature=0.0)
+        for p in prompts:
+            start = time.perf_counter()
+            out = llm.generate([p], first, use_tqdm=False)
+            ttft.append(time.perf_counter() - start)
+            outputs.append(list(out[0].outputs[0].token_ids))
+    else:
+        for out in llm.generate(prompts, params, use_tqdm=False):
+            outputs.append(list(out.outputs[0].token_ids))
+    with open(cfg["out"], "w") as f:
+        json.dump({"outputs": outputs, "ttft": ttft}, f)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main(sys.argv[1])
