@@ -9,17 +9,16 @@ names another python); skips with the reason elsewhere. Each engine run is its o
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+from vllm_driver import Engine, engine_env  # noqa: E402
 
 HERE = Path(__file__).parent
 VLLM_PYTHON = os.environ.get("SPECKV_VLLM_PYTHON", str(Path.home() / ".cache/speckv-vllm-venv/bin/python"))
@@ -29,54 +28,12 @@ BLOCK = 128  # vLLM's CPU block size
 def _vllm_python() -> str:
     if not Path(VLLM_PYTHON).exists():
         pytest.skip(f"no vLLM virtualenv at {VLLM_PYTHON} (.ci/vllm-venv builds one; SPECKV_VLLM_PYTHON names another)")
-    probe = subprocess.run([VLLM_PYTHON, "-c", "import vllm, speckv.integrations.engine"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [VLLM_PYTHON, "-c", "import vllm, speckv.integrations.engine"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"the vLLM virtualenv cannot import vllm and speckv: {probe.stderr.strip().splitlines()[-1:]}")
     return VLLM_PYTHON
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
-class Engine:
-    """Runs tests/vllm_driver.py in the vLLM virtualenv, one process per run."""
-
-    def __init__(self, python: str, folder: Path, calibration: Path, prompts: list[list[int]], tmp: Path) -> None:
-        self.python, self.folder, self.calibration, self.prompts, self.tmp = python, folder, calibration, prompts, tmp
-        self.count = 0
-
-    def run(self, connector: str, store: str | None = None, *, dtype: str = "auto", record: bool = False, **more):
-        self.count += 1
-        work = self.tmp / f"run{self.count}"
-        work.mkdir()
-        cfg = {
-            "model": str(self.folder),
-            "prompts": more.pop("prompts", self.prompts),
-            "connector": connector,
-            "store": store,
-            "calibration": str(self.calibration),
-            "kv_cache_dtype": dtype,
-            "out": str(work / "out.json"),
-            "record": str(work / "record") if record else None,
-            **more,
-        }
-        (work / "config.json").write_text(json.dumps(cfg))
-        proc = subprocess.run(
-            [self.python, str(HERE / "vllm_driver.py"), str(work / "config.json")],
-            capture_output=True, text=True, env=_env(), timeout=900,
-        )
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, log[-4000:]
-        result = json.loads((work / "out.json").read_text())
-        result["log"] = log
-        result["record"] = work / "record"
-        return result
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +46,36 @@ def engine(tmp_path_factory):
     calibration = tmp / "cal.safetensors"
     # calibrated in the engine's virtualenv: its torch is the one that runs the predictor
     subprocess.run(
-        [python, "-m", "speckv.cli", "calibrate", "--model", str(folder), "--predictor", "map", "--fp8-scale", "1.0",
-         "--samples", "8", "--seq-len", "256", "-o", str(calibration), "--json"],
-        check=True, capture_output=True, env=_env(), timeout=900,
+        [
+            python,
+            "-m",
+            "speckv.cli",
+            "calibrate",
+            "--model",
+            str(folder),
+            "--predictor",
+            "map",
+            "--fp8-scale",
+            "1.0",
+            "--samples",
+            "8",
+            "--seq-len",
+            "256",
+            "-o",
+            str(calibration),
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        env=engine_env(str(HERE)),
+        timeout=900,
     )
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(str(folder)).encode(bundled_text("evaluation"))
     shared = ids[: 2 * BLOCK]
     prompts = [shared + ids[3000 + 200 * i : 3000 + 200 * i + 60] for i in range(3)]
-    return Engine(python, folder, calibration, prompts, tmp)
+    return Engine(python, str(folder), str(calibration), prompts, str(tmp))
 
 
 def _records(run, kind: str) -> dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]]:

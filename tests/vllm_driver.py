@@ -23,14 +23,17 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 try:  # the connectors below, importable by vLLM's engine process (this file's folder on its path)
     import torch
+
     from speckv.integrations.vllm import SpeckvConnector, SpeckvConnectorMetadata
 
     def _record(kind: str, req_id: str, layers: dict[int, Any]) -> None:
         folder = os.environ.get("SPECKV_TEST_RECORD")
         if folder:
             safe = "".join(c if c.isalnum() else "_" for c in req_id)
-            torch.save({i: (k.view(torch.uint8), v.view(torch.uint8)) for i, (k, v) in layers.items()},
-                       os.path.join(folder, f"{kind}-{safe}.pt"))
+            torch.save(
+                {i: (k.view(torch.uint8), v.view(torch.uint8)) for i, (k, v) in layers.items()},
+                os.path.join(folder, f"{kind}-{safe}.pt"),
+            )
 
     class RecordingSpeckvConnector(SpeckvConnector):
         """SpeckvConnector that also writes down, per request, the blocks it stored (what vLLM
@@ -44,9 +47,11 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
             for load in meta.loads:
                 served = [b for b in load.block_ids[load.first :] if b not in failed]
                 if served:
-                    _record("injected", load.req_id, {
-                        layer: self._layout.read(self._view(buf), served) for layer, buf in self._caches.items()
-                    })
+                    _record(
+                        "injected",
+                        load.req_id,
+                        {layer: self._layout.read(self._view(buf), served) for layer, buf in self._caches.items()},
+                    )
 
         def wait_for_save(self) -> None:
             meta = self._get_connector_metadata()
@@ -58,6 +63,63 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
 
 except ImportError:  # imported by pytest outside the vLLM virtualenv: only the docs matter
     pass
+
+
+def engine_env(folder: str) -> dict[str, str]:
+    """The environment of a driver process: this folder importable (the recording connector),
+    vLLM's CPU settings, no hub."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([folder, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["VLLM_CPU_KVCACHE_SPACE"] = env.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+class Engine:
+    """Runs this driver in the vLLM virtualenv's ``python``, one process per run (so each run
+    after the first is an engine restart); ``tmp``: where each run's config, outputs and
+    records go."""
+
+    def __init__(self, python: str, folder: str, calibration: str, prompts: list[list[int]], tmp: str) -> None:
+        self.python, self.folder, self.calibration, self.prompts = python, str(folder), str(calibration), prompts
+        self.tmp = str(tmp)
+        self.count = 0
+
+    def run(self, connector: str, store: str | None = None, *, dtype: str = "auto", record: bool = False, **more: Any):
+        import subprocess
+        from pathlib import Path
+
+        self.count += 1
+        work = Path(self.tmp) / f"run{self.count}"
+        work.mkdir(parents=True)
+        cfg = {
+            "model": self.folder,
+            "prompts": more.pop("prompts", self.prompts),
+            "connector": connector,
+            "store": store,
+            "calibration": more.pop("calibration", self.calibration),
+            "kv_cache_dtype": dtype,
+            "out": str(work / "out.json"),
+            "record": str(work / "record") if record else None,
+            **more,
+        }
+        (work / "config.json").write_text(json.dumps(cfg))
+        here = os.path.dirname(os.path.abspath(__file__))
+        proc = subprocess.run(
+            [self.python, os.path.join(here, "vllm_driver.py"), str(work / "config.json")],
+            capture_output=True,
+            text=True,
+            env=engine_env(here),
+            timeout=1800,
+        )
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM run {work} failed:\n{log[-4000:]}")
+        result = json.loads((work / "out.json").read_text())
+        result["log"] = log
+        result["record"] = work / "record"
+        return result
 
 
 def main(path: str) -> None:
@@ -77,7 +139,9 @@ def main(path: str) -> None:
         )
     elif kind == "example":
         transfer = KVTransferConfig(
-            kv_connector="ExampleConnector", kv_role="kv_both", kv_connector_extra_config={"shared_storage_path": cfg["store"]}
+            kv_connector="ExampleConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"shared_storage_path": cfg["store"]},
         )
     if cfg.get("record"):
         os.makedirs(cfg["record"], exist_ok=True)

@@ -124,7 +124,9 @@ def load_trunk(folder: str | os.PathLike[str], layers: int, *, dtype: torch.dtyp
         for local, param in module.named_parameters():
             t = tensors.get(_checkpoint_name(f"{base}.{local}", names))
             if tuple(t.shape) != tuple(param.shape):
-                raise CheckpointError(f"{base}.{local}: shape {tuple(t.shape)} in the checkpoint, {tuple(param.shape)} in the config")
+                raise CheckpointError(
+                    f"{base}.{local}: shape {tuple(t.shape)} in the checkpoint, {tuple(param.shape)} in the config"
+                )
             state[local] = t.to(dtype)
         module.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()  # the embedding is a new tensor now: a tied LM head follows it

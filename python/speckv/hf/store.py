@@ -86,7 +86,14 @@ class PrefixStore:
             "block_size": self.block_size,
         }
         self.namespace = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=16).digest()
-        self._stats = {"hits": 0, "misses": 0, "tokens_put": 0, "tokens_deduplicated": 0, "corrupt_entries": 0, "store_errors": 0}
+        self._stats = {
+            "hits": 0,
+            "misses": 0,
+            "tokens_put": 0,
+            "tokens_deduplicated": 0,
+            "corrupt_entries": 0,
+            "store_errors": 0,
+        }
 
     # -- keys --------------------------------------------------------------------------
     def keys(self, input_ids: torch.Tensor) -> list[str]:

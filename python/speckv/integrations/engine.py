@@ -84,7 +84,9 @@ class EngineStore:
         fingerprint = checkpoint_fingerprint(folder, model)
         self.codec = SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint, joint=joint)
         self.backend = open_backend(store)
-        self.prefix = PrefixStore(self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads)
+        self.prefix = PrefixStore(
+            self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads
+        )
         self.fp8_scales = cal.fp8_scales.clone()
         self._logged: set[str] = set()
 

@@ -45,7 +45,9 @@ class PagedLayout:
     head_dim: int
 
     @classmethod
-    def detect(cls, buffer: torch.Tensor, *, platform: str, block_size: int, kv_heads: int, head_dim: int) -> PagedLayout:
+    def detect(
+        cls, buffer: torch.Tensor, *, platform: str, block_size: int, kv_heads: int, head_dim: int
+    ) -> PagedLayout:
         """The layout of ``buffer`` (one layer's paged cache) on ``platform`` ("cpu", "cuda",
         ...), given the engine's block size and the model's heads; ``UnsupportedLayoutError``
         for any layout not listed in the module docs."""
@@ -80,7 +82,9 @@ class PagedLayout:
         n, h = len(block_ids), self.kv_heads
         for name, t in (("K", k), ("V", v)):
             if tuple(t.shape) != (1, h, n * b, d) or t.dtype != buffer.dtype:
-                raise ValueError(f"{name}: expected [1, {h}, {n * b}, {d}] {buffer.dtype}, got {list(t.shape)} {t.dtype}")
+                raise ValueError(
+                    f"{name}: expected [1, {h}, {n * b}, {d}] {buffer.dtype}, got {list(t.shape)} {t.dtype}"
+                )
 
         def blocks(t: torch.Tensor) -> torch.Tensor:  # [1, H, n * B, D] -> [n, H, B, D]
             return t.reshape(h, n, b, d).permute(1, 0, 2, 3)

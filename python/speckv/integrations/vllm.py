@@ -112,7 +112,9 @@ class SpeckvConnector(KVConnectorBase_V1):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         for needed in ("store", "calibration"):
             if needed not in extra:
-                raise ValueError(f"SpeckvConnector: kv_connector_extra_config needs {needed!r} (see speckv.integrations.vllm)")
+                raise ValueError(
+                    f"SpeckvConnector: kv_connector_extra_config needs {needed!r} (see speckv.integrations.vllm)"
+                )
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         if len(groups) > 1:
             raise UnsupportedLayoutError(
@@ -133,7 +135,9 @@ class SpeckvConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER and extra.get("load_failure", "recompute") == "recompute":
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
-                logger.info("speckv: kv_load_failure_policy set to 'recompute' (a block speckv cannot serve is computed)")
+                logger.info(
+                    "speckv: kv_load_failure_policy set to 'recompute' (a block speckv cannot serve is computed)"
+                )
         # scheduler side
         self._matched: dict[str, int] = {}
         self._need_load: dict[str, tuple[int, list[int]]] = {}
@@ -219,7 +223,11 @@ class SpeckvConnector(KVConnectorBase_V1):
             found = _LAYER.search(name)
             layer = int(found.group(1)) if found else order
             layout = PagedLayout.detect(
-                buffer, platform=str(current_platform.device_type), block_size=self._block_size, kv_heads=heads, head_dim=dim
+                buffer,
+                platform=str(current_platform.device_type),
+                block_size=self._block_size,
+                kv_heads=heads,
+                head_dim=dim,
             )
             self._layout = self._layout or layout
             self._caches[layer] = buffer
