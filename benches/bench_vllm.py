@@ -1,7 +1,7 @@
 """speckv's vLLM connector against vLLM without a connector and with ExampleConnector (raw
 safetensors per layer): stored bytes, and time to first token on a full prefix hit.
 
-    python benches/bench_vllm.py [--models demo,qwen] [--predictors map] [--prompts 20]
+    python benches/bench_vllm.py [--models demo,qwen] [--predictors map,stats] [--prompts 20]
 
 For each model (the demo model; Qwen2.5-Coder-0.5B from ``shared/models/fetch-models.sh``, as
 GGUF files in ``--models-dir``), exported once to a transformers folder, calibrated in the vLLM
@@ -74,7 +74,7 @@ def _bytes(folder: Path, pattern: str) -> tuple[int, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="demo,qwen")
-    p.add_argument("--predictors", default="map")
+    p.add_argument("--predictors", default="map,stats")
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--models-dir", default=str(Path.home() / ".cache/speckv-models"))
     p.add_argument(
@@ -105,29 +105,36 @@ def main() -> None:
         prompts = [shared + ids[512 * (i + 1) : 512 * (i + 2)] for i in range(args.prompts)]
         assert all(len(q) == 1024 for q in prompts), "the evaluation text is too short"
         tmp = Path(tempfile.mkdtemp(prefix=f"bench-vllm-{name}-"))
+        # the baselines, once per model: vLLM's own prefill, ExampleConnector's files and hits
+        base = Engine(args.vllm_python, str(folder), "", prompts, str(tmp / "baselines"))
+        none = base.run("none", ttft_each=True)
+        example_bytes = {}
+        for dtype in ("auto", "fp8"):
+            base.run("example", str(tmp / f"example-{dtype}"), dtype=dtype)
+            example_bytes[dtype] = _bytes(tmp / f"example-{dtype}", "*.safetensors")[0]
+        example_hit = base.run("example", str(tmp / "example-auto"), ttft_each=True)
+        t_none = statistics.median(none["ttft"][1:])  # the first prompt warms the engine up
+        t_example = statistics.median(example_hit["ttft"][1:])
         for predictor in args.predictors.split(","):
             cal, cal_s = _calibration(args.vllm_python, folder, predictor, cache)
             engine = Engine(args.vllm_python, str(folder), str(cal), prompts, str(tmp / predictor))
             row: dict[str, object] = {"model": name, "predictor": predictor, "calibration_s": round(cal_s, 1)}
-            none = engine.run("none", ttft_each=True)
             for dtype, size in (("auto", 2), ("fp8", 1)):
-                store, example = tmp / predictor / f"store-{dtype}", tmp / predictor / f"example-{dtype}"
-                engine.run("speckv", str(store), dtype=dtype)
-                engine.run("example", str(example), dtype=dtype)
+                store = tmp / predictor / f"store-{dtype}"
+                stored = engine.run("speckv", str(store), dtype=dtype)
                 coded, blocks = _bytes(store, "*.spkb")
-                raw_example, _ = _bytes(example, "*.safetensors")
                 label = "bf16" if dtype == "auto" else "fp8"
                 row[f"{label}_blocks"] = blocks
                 row[f"{label}_over_raw"] = round(coded / (blocks * BLOCK * per_token * size), 4)
-                row[f"{label}_over_example"] = round(coded / raw_example, 4)
+                row[f"{label}_over_example"] = round(coded / example_bytes[dtype], 4)
                 if dtype == "auto":
+                    # first tokens (the storing run is batched, the prefill's prompt by prompt)
+                    row["storing_run_equals_prefill"] = [o[:1] for o in stored["outputs"]] == none["outputs"]
                     hit = engine.run("speckv", str(store), ttft_each=True)
-                    example_hit = engine.run("example", str(example), ttft_each=True)
                     row["outputs_equal_example"] = hit["outputs"] == example_hit["outputs"]
-                    t_none, t_hit, t_ex = (statistics.median(r["ttft"][1:]) for r in (none, hit, example_hit))
                     row["ttft_prefill_s"] = round(t_none, 4)
-                    row["ttft_hit_over_prefill"] = round(t_hit / t_none, 3)
-                    row["ttft_example_over_prefill"] = round(t_ex / t_none, 3)
+                    row["ttft_hit_over_prefill"] = round(statistics.median(hit["ttft"][1:]) / t_none, 3)
+                    row["ttft_example_over_prefill"] = round(t_example / t_none, 3)
             results.append(row)
             print(json.dumps(row), flush=True)
     print()

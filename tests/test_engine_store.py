@@ -154,3 +154,27 @@ def test_engine_store_faults_are_logged_misses(checkpoint, caplog):
         EngineStore(folder, cal, MemoryBackend(), block_size=BLOCK, cache_dtype=torch.float8_e4m3fn).check_fp8_scales(
             [(2.0, 1.0)] * 3
         )
+
+
+def test_engine_store_with_channel_statistics_needs_no_weights(checkpoint, tmp_path):
+    """The stats predictor (per-channel means, the joint residual model): a prefix store with
+    no model weights in memory at all, exact, every block predicted alike wherever it sits."""
+    from speckv.hf import ChannelStatsPredictor
+
+    folder, _, model = checkpoint
+    codec = SpeculativeCodec(model, predictor=ChannelStatsPredictor())
+    codec.calibrate([ids(48, s) for s in range(6)], fp8_scale=1.0)
+    cal = tmp_path / "stats.safetensors"
+    codec.save(str(cal))
+    store = EngineStore(folder, cal, str(tmp_path / "s"), block_size=BLOCK)
+    assert store.codec.joint and all(p.is_meta for p in store.codec.model.parameters())
+    a = ids(40, 5)[0].tolist()
+    b = a[:16] + ids(40, 6)[0].tolist()[:24]  # shares a's first block
+    for prompt in (a, b):
+        kv = other_kernels(model, torch.tensor([prompt]))
+        store.save(prompt, kv)
+        back, n = store.load(prompt)
+        assert n == 32
+        for (k, v), (k2, v2) in zip(kv, back):
+            assert torch.equal(k2, k[:, :, :32]) and torch.equal(v2, v[:, :, :32])
+    assert store.prefix.stats()["blocks"] == 3  # the shared block once

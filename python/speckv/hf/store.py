@@ -36,7 +36,7 @@ from ..store import Backend, StoreError, pack_entry, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
 from .cache import build_cache, cache_argument
 from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
-from .predictors import describe
+from .predictors import ChannelStatsPredictor, describe
 from .prefix import ModelPrefixPredictor, PrefixState
 
 DEFAULT_BLOCK_SIZE = 256
@@ -62,10 +62,10 @@ class PrefixStore:
         dtype: str = "bf16",
         threads: int | None = None,
     ) -> None:
-        if not isinstance(codec.predictor, ModelPrefixPredictor):
+        if not isinstance(codec.predictor, (ModelPrefixPredictor, ChannelStatsPredictor)):
             raise TypeError(
-                "PrefixStore: the codec's predictor must run block by block (ModelPrefixPredictor); "
-                f"got {type(codec.predictor).__name__}"
+                "PrefixStore: the codec's predictor must run block by block (ModelPrefixPredictor) or predict "
+                f"every position alike (ChannelStatsPredictor); got {type(codec.predictor).__name__}"
             )
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
@@ -73,6 +73,8 @@ class PrefixStore:
             raise ValueError(f"block_size: must be at least 1, got {block_size}")
         self.codec = codec
         self._predictor = codec.predictor  # walks the blocks in order, carrying its state
+        # per-channel statistics predict a block from nothing: no state to carry
+        self._walks = isinstance(codec.predictor, ModelPrefixPredictor)
         self.backend = backend
         self.block_size = int(block_size)
         self.dtype = dtype
@@ -149,12 +151,14 @@ class PrefixStore:
                 break
             if intact:
                 # stored already: the predictor still walks it, to carry its state on
-                predictor.prefix(block_ids, _ignore, state)
+                if self._walks:
+                    predictor.prefix(block_ids, _ignore, state)
                 self._stats["tokens_deduplicated"] += self.block_size
                 parent = key
                 continue
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
-            pred = self.codec._predictions(block, block_ids, self.dtype, run=predictor.start(block_ids, state))
+            run = predictor.start(block_ids, state) if self._walks else None
+            pred = self.codec._predictions(block, block_ids, self.dtype, run=run)
             data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
             try:
                 stored = self.backend.put(key, pack_entry(data, key), parent)
@@ -217,7 +221,7 @@ class PrefixStore:
                     break
                 data = unpack_entry(raw, key)
                 self.codec._check(self.codec.read_header(data).metadata, ids[:, :end])
-                run = predictor.start(block_ids, state)
+                run = predictor.start(block_ids, state) if self._walks else None
                 _, layers = self.codec._decode(data, ids[:, :end], None, self.threads, None, None, run)
             except (CorruptStreamError, PredictionMismatchError, StoreError) as e:
                 # an unreadable entry ends the prefix as a damaged one does: the blocks before

@@ -1,1 +1,9 @@
-"""Bridges from speckv to other systems (each imports its system only when imported itself)."""
+"""Bridges from speckv to other systems (each imports its system only when imported itself).
+
+- ``speckv.integrations.vllm``: ``SpeckvConnector``, a vLLM KV connector (a compressed,
+  lossless prefix tier; needs vLLM);
+- ``speckv.integrations.engine``: ``EngineStore``, the prefix store a serving engine hosts
+  (built from the checkpoint folder and a calibration; no engine needed);
+- ``speckv.integrations.paged``: vLLM's paged KV layouts, read and written by whole blocks;
+- ``speckv.integrations.lmcache``: the ``"speckv"`` LMCache serde.
+"""

@@ -29,6 +29,9 @@ from ..store import Backend, DirectoryBackend, RedisBackend
 
 log = logging.getLogger("speckv.engine")
 
+# the predictors an engine can host: the model's first layers read from the checkpoint (map:
+# one), or per-channel statistics (no weights)
+HOSTED_PREDICTORS = ("model-prefix", "channel-stats")
 # what the engine stores its cache as -> the codec's storage dtype
 CACHE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}
 
@@ -77,6 +80,11 @@ class EngineStore:
         self.block_size = int(block_size)
         cal = Calibration.load(str(calibration))
         description = dict(cal.metadata.get("predictor", {}))
+        if description.get("name") not in HOSTED_PREDICTORS:
+            raise ValueError(
+                f"{calibration}: made with predictor {description.get('name')!r}; an engine hosts "
+                f"{', '.join(HOSTED_PREDICTORS)} (speckv calibrate --predictor map|prefix:N|stats)"
+            )
         layers = int(description.get("layers", 0)) if description.get("name") == "model-prefix" else 0
         folder = Path(model_folder)
         model = load_trunk(folder, layers) if weights and layers else _skeleton(folder, torch.bfloat16)
@@ -160,4 +168,4 @@ def _ids(token_ids: list[int] | torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(token_ids, dtype=torch.int64).reshape(1, -1)
 
 
-__all__ = ["CACHE_DTYPES", "EngineStore", "open_backend"]
+__all__ = ["CACHE_DTYPES", "HOSTED_PREDICTORS", "EngineStore", "open_backend"]
