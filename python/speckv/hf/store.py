@@ -72,9 +72,9 @@ class PrefixStore:
         if block_size < 1:
             raise ValueError(f"block_size: must be at least 1, got {block_size}")
         self.codec = codec
-        self._predictor = codec.predictor  # walks the blocks in order, carrying its state
-        # per-channel statistics predict a block from nothing: no state to carry
-        self._walks = isinstance(codec.predictor, ModelPrefixPredictor)
+        # the model's prefix walks the blocks in order, carrying its state; per-channel
+        # statistics predict a block from nothing (None: no state to carry)
+        self._walker = codec.predictor if isinstance(codec.predictor, ModelPrefixPredictor) else None
         self.backend = backend
         self.block_size = int(block_size)
         self.dtype = dtype
@@ -137,7 +137,7 @@ class PrefixStore:
                 )
         if seq < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
-        predictor = self._predictor
+        walker = self._walker
         state = PrefixState()
         parent = None
         new = 0
@@ -151,13 +151,13 @@ class PrefixStore:
                 break
             if intact:
                 # stored already: the predictor still walks it, to carry its state on
-                if self._walks:
-                    predictor.prefix(block_ids, _ignore, state)
+                if walker is not None:
+                    walker.prefix(block_ids, _ignore, state)
                 self._stats["tokens_deduplicated"] += self.block_size
                 parent = key
                 continue
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
-            run = predictor.start(block_ids, state) if self._walks else None
+            run = walker.start(block_ids, state) if walker is not None else None
             pred = self.codec._predictions(block, block_ids, self.dtype, run=run)
             data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
             try:
@@ -208,7 +208,7 @@ class PrefixStore:
         (fp8 as stored), for engines with caches of their own; ``([], 0)`` if none."""
         target = _restore_device(device, input_ids)
         ids = _ids(input_ids)
-        predictor = self._predictor
+        walker = self._walker
         state = PrefixState()
         blocks: list[dict[int, tuple[Any, Any]]] = []
         for b, key in enumerate(self.keys(ids)):
@@ -221,7 +221,7 @@ class PrefixStore:
                     break
                 data = unpack_entry(raw, key)
                 self.codec._check(self.codec.read_header(data).metadata, ids[:, :end])
-                run = predictor.start(block_ids, state) if self._walks else None
+                run = walker.start(block_ids, state) if walker is not None else None
                 _, layers = self.codec._decode(data, ids[:, :end], None, self.threads, None, None, run)
             except (CorruptStreamError, PredictionMismatchError, StoreError) as e:
                 # an unreadable entry ends the prefix as a damaged one does: the blocks before
