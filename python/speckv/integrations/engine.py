@@ -98,7 +98,7 @@ class EngineStore:
         self.fp8_scales = cal.fp8_scales.clone()
         self._logged: set[str] = set()
 
-    def _fault(self, kind: str, message: str) -> None:
+    def fault(self, kind: str, message: str) -> None:
         """Logs a fault once per kind (an engine meets the same one on every request)."""
         if kind not in self._logged:
             self._logged.add(kind)
@@ -121,9 +121,9 @@ class EngineStore:
         """Logs (once per kind) the store errors and damaged entries met since ``before``."""
         now = self.prefix.stats_counters()
         if now["store_errors"] > before["store_errors"]:
-            self._fault(f"{doing}:store", f"{doing}: the store could not be read or written ({self.backend!r})")
+            self.fault(f"{doing}:store", f"{doing}: the store could not be read or written ({self.backend!r})")
         if now["corrupt_entries"] > before["corrupt_entries"]:
-            self._fault(f"{doing}:entry", f"{doing}: a damaged or foreign entry ended a stored prefix")
+            self.fault(f"{doing}:entry", f"{doing}: a damaged or foreign entry ended a stored prefix")
 
     def match(self, token_ids: list[int] | torch.Tensor) -> int:
         """Tokens of the longest stored, intact, block-aligned prefix of ``token_ids`` (0 on
@@ -132,7 +132,7 @@ class EngineStore:
         try:
             return self.prefix.match(_ids(token_ids))
         except Exception as e:  # a store that fails is a miss, never an engine error
-            self._fault(f"match:{type(e).__name__}", f"matching a prefix failed: {e}")
+            self.fault(f"match:{type(e).__name__}", f"matching a prefix failed: {e}")
             return 0
         finally:
             self._faults_since(before, "matching")
@@ -145,7 +145,7 @@ class EngineStore:
         try:
             return self.prefix.get_kv(_ids(token_ids))
         except Exception as e:
-            self._fault(f"load:{type(e).__name__}", f"loading a prefix failed: {e}")
+            self.fault(f"load:{type(e).__name__}", f"loading a prefix failed: {e}")
             return [], 0
         finally:
             self._faults_since(before, "loading")
@@ -158,7 +158,7 @@ class EngineStore:
         try:
             return self.prefix.put(_ids(token_ids), kv)
         except Exception as e:
-            self._fault(f"save:{type(e).__name__}", f"storing a prefix failed: {e}")
+            self.fault(f"save:{type(e).__name__}", f"storing a prefix failed: {e}")
             return 0
         finally:
             self._faults_since(before, "storing")

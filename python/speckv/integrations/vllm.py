@@ -283,11 +283,11 @@ class SpeckvConnector(KVConnectorBase_V1):
                             v[:, :, lo:hi].contiguous(),
                         )
                 except Exception as e:  # never the engine's error: those blocks are computed
-                    self.store._fault(f"inject:{type(e).__name__}", f"writing decoded blocks failed: {e}")
+                    self.store.fault(f"inject:{type(e).__name__}", f"writing decoded blocks failed: {e}")
                     served = load.first
             failed = load.block_ids[served:]
             if failed:
-                self.store._fault(
+                self.store.fault(
                     "partial",
                     f"{len(failed)} of {len(load.block_ids) - load.first} matched blocks could not be served "
                     "(a damaged, foreign or vanished entry, or a decode refused)",
@@ -307,7 +307,7 @@ class SpeckvConnector(KVConnectorBase_V1):
             try:
                 pair = self._layout.read(self._view(kv_layer), save.block_ids)
             except Exception as e:
-                self.store._fault(f"read:{type(e).__name__}", f"reading blocks to store failed: {e}")
+                self.store.fault(f"read:{type(e).__name__}", f"reading blocks to store failed: {e}")
                 continue
             self._captured.setdefault(save.req_id, {})[layer] = pair
 
