@@ -46,7 +46,15 @@ DEFAULT_THREADS = 2
 # The maps' products are small (a layer's tokens x ~1k features): on one thread, torch's
 # workers do not linger spinning on the cores the decoder needs next (see codec._quiet_torch).
 MAP_THREADS = 1
-MAP_DTYPE = torch.bfloat16
+# The maps run as integer sums in the speckv core (``speckv._speckv.LinearMap``, invariant M1
+# of ``linear_map.rs``): the same prediction on every machine, SIMD width and thread count.
+# Features are quantised to 16-bit integers with a power-of-two scale per feature that puts
+# the calibration's largest magnitude at MAP_FEATURE_RANGE (8x headroom for other text
+# before values clamp); weights to at most MAP_WEIGHT_RANGE per output, so sums of ~1k
+# products stay far inside 32 bits.
+MAP_FEATURE_RANGE = 2**12
+MAP_WEIGHT_RANGE = 2**12
+MAP_MAX_SHIFT = 40
 # Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
 # the one with the smallest out-of-fold error wins.
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -124,11 +132,10 @@ def layers_for_budget(
     one = best(lambda: _api.decode(data, mu, sigma, chunks=(0, per)))
     bulk = best(lambda: _api.decode(data, mu, sigma))  # all n layers at once
     width = shape[1] * shape[3]
-    feats = torch.randn(shape[0] * shape[2], 2 * HISTORY * width).to(MAP_DTYPE)
-    w = torch.randn(2 * HISTORY * width, 2 * width).to(MAP_DTYPE)
-    w_own = torch.randn(width, width).to(MAP_DTYPE)
-    with fixed_threads(MAP_THREADS):
-        maps = best(lambda: (feats @ w, feats[:, :width] @ w_own))
+    feats = torch.randn(shape[0] * shape[2], 2 * HISTORY * width)
+    both = integer_map(torch.randn(2 * HISTORY * width, 2 * width), torch.zeros(2 * width), feature_shifts([feats]))
+    own = integer_map(torch.randn(width, width), torch.zeros(width), feature_shifts([feats[:, :width]]))
+    maps = best(lambda: (_apply(both, feats), _apply(own, feats[:, :width])))
     # the walk's own work on each tensor: mu and sigma of the codec's targets, sigma codes, the
     # observed copy (codec._targets, _decode_walk)
     kf, rel = k.float(), torch.rand(shape[1], shape[3])[None, :, None, :]
@@ -210,7 +217,14 @@ class Rope:
             rotary = inner.rotary_emb_local  # older transformers: a module per layer type
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        # whether the tables are the same bits on every machine (``_exact_tables``)
+        self.exact = rotary is None
         if rotary is None:
+            return
+        tables = _exact_tables(text_config(model), layer_type, seq, start, head_dim)
+        if tables is not None:
+            self.cos, self.sin = tables
+            self.exact = True
             return
         positions = torch.arange(start, start + seq)[None, :]
         args: tuple[Any, ...] = (torch.zeros(1, dtype=torch.float32), positions)
@@ -247,6 +261,60 @@ class Rope:
             return u
         cos, sin = self._last(u)
         return u * cos + self._half(u) * sin
+
+
+def _rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any] | None:
+    """The RoPE parameters of a layer type (``rope_type``, ``rope_theta``, ``factor``...), from
+    transformers 5's ``rope_parameters`` (per layer type where the model has several) or 4's
+    ``rope_theta`` / ``rope_scaling``."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        if "rope_theta" not in params and "rope_type" not in params:
+            params = params.get(layer_type or "full_attention")
+        return dict(params) if isinstance(params, dict) else None
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        return None
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return {"rope_theta": theta, **scaling, "rope_type": kind}
+
+
+def _exact_tables(
+    config: Any, layer_type: str | None, seq: int, start: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """cos and sin of RoPE (``[1, 1, seq, head_dim]``, float32) computed in float64 with
+    Python's correctly rounded ``math`` functions, then rounded once: the same bits on every
+    machine, unlike torch's float32 tables (its ``pow``, ``cos`` and ``sin`` kernels differ
+    between SIMD widths), which the maps' features must not depend on (the decoder on
+    another machine has to rebuild the encoder's prediction). For the plain and linearly
+    scaled RoPE that covers the whole head; ``None`` for any other kind (the model's own
+    tables are used then)."""
+    import math
+
+    params = _rope_parameters(config, layer_type)
+    if params is None or params.get("rope_type", "default") not in ("default", "linear"):
+        return None
+    if float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+        return None
+    theta = float(params["rope_theta"])
+    factor = float(params.get("factor", 1.0)) if params.get("rope_type") == "linear" else 1.0
+    key = (theta, factor, head_dim)
+    cos, sin = _TABLES.get(key, (torch.zeros(0, head_dim), torch.zeros(0, head_dim)))
+    if cos.shape[0] < start + seq:  # extend the cached tables (a prompt's blocks reuse them)
+        half = head_dim // 2
+        inv = [1.0 / (theta ** (2 * i / head_dim)) / factor for i in range(half)]
+        grow = range(cos.shape[0], max(start + seq, 2 * cos.shape[0]))
+        c = torch.tensor([[math.cos(p * f) for f in inv] for p in grow], dtype=torch.float64).float()
+        s_ = torch.tensor([[math.sin(p * f) for f in inv] for p in grow], dtype=torch.float64).float()
+        cos = torch.cat([cos, torch.cat([c, c], dim=-1)])
+        sin = torch.cat([sin, torch.cat([s_, s_], dim=-1)])
+        _TABLES[key] = (cos, sin)
+    return cos[start : start + seq][None, None], sin[start : start + seq][None, None]
+
+
+# (theta, linear factor, head_dim) -> cos, sin of positions 0.. (``_exact_tables``)
+_TABLES: dict[tuple[float, float, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class Ropes:
@@ -374,8 +442,8 @@ class ModelPrefixPredictor:
         # sources may lack tokens its layer holds (``_fallback_sources``)
         self.windows = layer_windows(text_config(model))
         self.maps: dict[str, torch.Tensor] = {}
-        self._joint_maps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._fallback_maps: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._joint_maps: dict[int, tuple[Any, Any]] = {}
+        self._fallback_maps: dict[tuple[int, int], Any] = {}
 
     # -- identity ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -387,7 +455,7 @@ class ModelPrefixPredictor:
             "prefill_chunk": self.prefill_chunk,
             "compute_dtype": str(dtype).replace("torch.", ""),
             "maps": f"ridge, previous {HISTORY} layers, K un-RoPEd, V given K",
-            "map_compute": f"{str(MAP_DTYPE).replace('torch.', '')}, {MAP_THREADS} thread(s)",
+            "map_compute": f"int16 features x int16 weights, int32 sums (speckv core), features to {MAP_FEATURE_RANGE}",
             "torch": torch.__version__,
             # only for models with sliding windows, so other models' descriptions stay as they were
             **({"windows": "fallback maps where a source left its window"} if self._windowed() else {}),
@@ -414,17 +482,27 @@ class ModelPrefixPredictor:
         return dict(self.maps)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        missing = [f"maps.{layer}.{which}.weight" for layer in range(self.layers, self.n_layers) for which in "kv"]
+        missing = [
+            f"maps.{layer}.{which}.{part}"
+            for layer in range(self.layers, self.n_layers)
+            for which in "kv"
+            for part in ("weight", "shift")
+        ]
         missing += [
-            f"maps.{layer}.{'kv'[which]}.fallback_weight"
+            f"maps.{layer}.{'kv'[which]}.fallback_{part}"
             for layer in range(self.layers, self.n_layers)
             for which in (0, 1)
             if self._fallback(layer, which) is not None
+            for part in ("weight", "shift")
         ]
         missing = [name for name in missing if name not in state]
         if missing:
             raise ValueError(f"predictor state: missing {missing[0]} (and {len(missing) - 1} more)")
-        self.maps = {k: v.float().contiguous() for k, v in state.items() if k.startswith("maps.")}
+        self.maps = {
+            k: (v.to(torch.int32) if k.endswith("shift") else v.float()).contiguous()
+            for k, v in state.items()
+            if k.startswith("maps.")
+        }
         self._joint_maps = {}
         self._fallback_maps = {}
 
@@ -504,20 +582,19 @@ class ModelPrefixPredictor:
             raise ValueError("ModelPrefixPredictor: the maps are not fitted: calibrate the codec first")
         return _PrefixRun(self, input_ids, state)
 
-    def _joint(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K's map and the part of V's map that reads the previous layers, side by side: one
-        matrix product at K's turn; at V's, only its own layer's K remains to multiply."""
+    def _joint(self, layer: int) -> tuple[Any, Any]:
+        """K's map and the part of V's map that reads the previous layers, side by side (one
+        integer map: one pass over the features at K's turn), and the part of V's map that
+        reads its own layer's K (V's turn)."""
         if layer not in self._joint_maps:
             wk, bk = self.maps[f"maps.{layer}.k.weight"], self.maps[f"maps.{layer}.k.bias"]
             wv, bv = self.maps[f"maps.{layer}.v.weight"], self.maps[f"maps.{layer}.v.bias"]
-            w = torch.cat([wk, wv[: wk.shape[0]]], dim=1).to(MAP_DTYPE).contiguous()
-            own = wv[wk.shape[0] :].to(MAP_DTYPE).contiguous()
-            self._joint_maps[layer] = (w, torch.cat([bk, bv]).to(MAP_DTYPE), own)
-        return self._joint_maps[layer][:2]
-
-    def _own_k(self, layer: int) -> torch.Tensor:
-        self._joint(layer)
-        return self._joint_maps[layer][2]
+            shift_k, shift_v = self.maps[f"maps.{layer}.k.shift"], self.maps[f"maps.{layer}.v.shift"]
+            f = wk.shape[0]
+            both = integer_map(torch.cat([wk, wv[:f]], dim=1), torch.cat([bk, bv]), shift_k)
+            own = integer_map(wv[f:], torch.zeros_like(bv), shift_v[f:])
+            self._joint_maps[layer] = (both, own)
+        return self._joint_maps[layer]
 
     def map_predict(
         self,
@@ -534,20 +611,18 @@ class ModelPrefixPredictor:
         (float32 accumulation): ~3x faster than float32 on CPUs with bf16 matmuls, and the
         rounding of the prediction to bf16 is far below the maps' own error."""
         rows, width = shape[2], shape[1] * shape[3]
-        with torch.no_grad(), fixed_threads(MAP_THREADS):
+        with torch.no_grad():
+            both, own = self._joint(layer)
             if which == 0 or layer not in scratch:
-                w, b = self._joint(layer)
-                x = _features(observed, _sources(layer, 0), ropes, rows).to(MAP_DTYPE)
-                y = torch.addmm(b, x, w).float()
+                y = _apply(both, _features(observed, _sources(layer, 0), ropes, rows))
                 scratch[layer] = y[:, width:]
                 if which == 0:
                     k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width])
                     return ropes.of(layer).rope(_untokens(k, shape))
             partial = scratch.pop(layer)
-            wv = self._own_k(layer)
-            own = _features(observed, [(layer, 0)], ropes, rows).to(MAP_DTYPE)
-            v = self._fallback_predict(layer, 1, observed, ropes, shape, partial + (own @ wv).float())
-            return _untokens(v, shape)
+            # one correctly rounded addition per scalar: the same bits everywhere
+            y = partial + _apply(own, _features(observed, [(layer, 0)], ropes, rows))
+            return _untokens(self._fallback_predict(layer, 1, observed, ropes, shape, y), shape)
 
     def _fallback_predict(
         self, layer: int, which: int, observed: Observed, ropes: Ropes, shape: tuple[int, ...], y: torch.Tensor
@@ -563,14 +638,17 @@ class ModelPrefixPredictor:
         key = (layer, which)
         if key not in self._fallback_maps:
             name = f"maps.{layer}.{'kv'[which]}"
+            w, b = self.maps[f"{name}.fallback_weight"], self.maps[f"{name}.fallback_bias"]
             self._fallback_maps[key] = (
-                self.maps[f"{name}.fallback_weight"].to(MAP_DTYPE).contiguous(),
-                self.maps[f"{name}.fallback_bias"].to(MAP_DTYPE),
+                integer_map(w, b, self.maps[f"{name}.fallback_shift"]) if w.shape[0] else b.clone()
             )
-        w, b = self._fallback_maps[key]
-        x = _first_rows(_features(observed, sources, ropes, shape[2]), shape[0], m).to(MAP_DTYPE)
+        fallback = self._fallback_maps[key]
         out = y.reshape(shape[0], shape[2], -1).clone()
-        out[:, :m] = torch.addmm(b, x, w).float().reshape(shape[0], m, -1)
+        if isinstance(fallback, torch.Tensor):  # no source holds the tokens: the bias alone
+            out[:, :m] = fallback
+        else:
+            x = _first_rows(_features(observed, sources, ropes, shape[2]), shape[0], m)
+            out[:, :m] = _apply(fallback, x).reshape(shape[0], m, -1)
         return out.reshape(y.shape)
 
     # -- fitting ---------------------------------------------------------------------------
@@ -625,6 +703,7 @@ class ModelPrefixPredictor:
                     folds,
                 )
                 maps[f"{name}.weight"], maps[f"{name}.bias"] = weight, bias
+                maps[f"{name}.shift"] = feature_shifts(xs[names[0]])
                 fallback_fits: list[tuple[torch.Tensor, torch.Tensor]] = []
                 fx: dict[str, list[torch.Tensor]] = {}
                 if fallback is not None:
@@ -634,6 +713,7 @@ class ModelPrefixPredictor:
                     }
                     fw, fb, fallback_fits = _ridge_fit(fx[names[0]], ys, folds)
                     maps[f"{name}.fallback_weight"], maps[f"{name}.fallback_bias"] = fw, fb
+                    maps[f"{name}.fallback_shift"] = feature_shifts(fx[names[0]])
                 for f, ((w_f, b_f), members) in enumerate(zip(fold_fits, folds)):
                     for p in members:
                         for v in names:
@@ -650,6 +730,58 @@ class ModelPrefixPredictor:
         self._joint_maps = {}
         self._fallback_maps = {}
         return oof
+
+
+def feature_shifts(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per feature (columns of the ``[rows, features]`` tensors ``xs``), the power-of-two
+    exponent that puts its largest magnitude at most at MAP_FEATURE_RANGE (int32; 0 for a
+    feature that is always 0)."""
+    import math
+
+    if not xs or xs[0].shape[1] == 0:
+        return torch.zeros(0, dtype=torch.int32)
+    amax = torch.stack([x.abs().amax(0) for x in xs]).amax(0).double().tolist()
+    out = []
+    for a in amax:
+        if not a > 0 or not math.isfinite(a):
+            out.append(0)
+            continue
+        _, e = math.frexp(MAP_FEATURE_RANGE / a)  # exact: MAP_FEATURE_RANGE / a < 2^e
+        out.append(max(-MAP_MAX_SHIFT, min(MAP_MAX_SHIFT, e - 1)))
+    return torch.tensor(out, dtype=torch.int32)
+
+
+def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -> Any:
+    """The calibrated map ``y = bias + x @ weight`` (float32) as the core's integer map for
+    features quantised with ``shift``: weights scaled exactly (powers of two) and rounded half
+    to even, in numpy's float64 (the same integers on every machine), with per output the
+    largest power of two that keeps them within MAP_WEIGHT_RANGE."""
+    import numpy as np
+
+    from .. import _speckv
+
+    features, outputs = weight.shape
+    sh = shift.numpy().astype(np.int64)
+    w = np.ldexp(weight.double().numpy(), -sh[:, None])  # the weights of the integer features
+    amax = np.abs(w).max(axis=0)
+    _, e = np.frexp(np.where(amax > 0, MAP_WEIGHT_RANGE / np.where(amax > 0, amax, 1.0), 1.0))
+    scale = np.clip(np.where(amax > 0, e - 1, 0), -MAP_MAX_SHIFT, MAP_MAX_SHIFT).astype(np.int64)
+    q = np.rint(np.ldexp(w, scale[None, :])).astype(np.int16)
+    return _speckv.LinearMap(
+        int(features),
+        int(outputs),
+        np.ascontiguousarray(sh, dtype=np.int32),
+        np.ascontiguousarray(q.reshape(-1)),
+        np.ascontiguousarray(bias.float().numpy()),
+        np.ascontiguousarray(scale, dtype=np.int32),
+    )
+
+
+def _apply(m: Any, x: torch.Tensor) -> torch.Tensor:
+    """An integer map on ``x`` (``[rows, features]``): ``[rows, outputs]`` float32."""
+    x = x.float().contiguous()
+    y = m.apply(x.reshape(-1).numpy(), int(x.shape[0]), MAP_THREADS)
+    return torch.from_numpy(y).reshape(x.shape[0], m.outputs)
 
 
 def _rows_after(x: torch.Tensor, batch: int, m: int) -> torch.Tensor:

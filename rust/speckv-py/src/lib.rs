@@ -684,6 +684,76 @@ fn kernels() -> &'static str {
     speckv::kernels()
 }
 
+/// A calibrated integer linear map (`speckv::linear_map`): the layer-wise predictor's maps,
+/// the same bits on every machine, SIMD width and thread count.
+#[pyclass(name = "LinearMap", module = "speckv._speckv", frozen)]
+struct PyLinearMap {
+    inner: speckv::linear_map::LinearMap,
+}
+
+#[pymethods]
+impl PyLinearMap {
+    /// `weights`: `features x outputs` row-major (i16, never -32768); `shift` per feature and
+    /// `scale_shift` per output: powers of two (see the core's invariant M1).
+    #[new]
+    fn new(
+        py: Python<'_>,
+        features: usize,
+        outputs: usize,
+        shift: PyReadonlyArray1<'_, i32>,
+        weights: PyReadonlyArray1<'_, i16>,
+        bias: PyReadonlyArray1<'_, f32>,
+        scale_shift: PyReadonlyArray1<'_, i32>,
+    ) -> PyResult<Self> {
+        let contiguous = || PyValueError::new_err("linear map: arrays must be contiguous");
+        let (s, w, b, o) = (
+            shift.as_slice().map_err(|_| contiguous())?,
+            weights.as_slice().map_err(|_| contiguous())?,
+            bias.as_slice().map_err(|_| contiguous())?,
+            scale_shift.as_slice().map_err(|_| contiguous())?,
+        );
+        let inner = py
+            .allow_threads(|| speckv::linear_map::LinearMap::new(features, outputs, s, w, b, o))
+            .map_err(to_py)?;
+        Ok(PyLinearMap { inner })
+    }
+
+    #[getter]
+    fn features(&self) -> usize {
+        self.inner.features()
+    }
+
+    #[getter]
+    fn outputs(&self) -> usize {
+        self.inner.outputs()
+    }
+
+    /// `y` (`rows x outputs`, flat float32) for `x` (`rows x features`, flat float32).
+    #[pyo3(signature = (x, rows, threads=1))]
+    fn apply<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray1<'py, f32>,
+        rows: usize,
+        threads: usize,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let x = x.as_slice().map_err(|_| PyValueError::new_err("linear map: x must be contiguous"))?;
+        let n = rows
+            .checked_mul(self.inner.outputs())
+            .ok_or_else(|| SpeckvError::new_err("linear map: too many rows"))?;
+        let mut y = vec![0f32; n];
+        py.allow_threads(|| self.inner.apply(x, rows, &mut y, threads)).map_err(to_py)?;
+        Ok(PyArray1::from_vec(py, y))
+    }
+}
+
+/// Which kernel computes the linear maps here: "avx512-vnni", "avx512", "avx2" or "portable"
+/// (the same sums either way).
+#[pyfunction]
+fn map_kernel() -> &'static str {
+    speckv::linear_map::kernel_name()
+}
+
 /// The CUDA module's sources (`cuda/`), compiled into the extension so that a wheel carries
 /// exactly the source its tests checked: `speckv.cuda` compiles them just in time on a GPU
 /// machine. `(file name, text)` pairs.
@@ -720,6 +790,8 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exact_tables, m)?)?;
     m.add_function(wrap_pyfunction!(assemble_predicted, m)?)?;
     m.add_function(wrap_pyfunction!(channel_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(map_kernel, m)?)?;
+    m.add_class::<PyLinearMap>()?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;
     m.add("ChecksumError", py.get_type::<ChecksumError>())?;

@@ -25,6 +25,7 @@ pub mod exact_tables;
 pub mod format;
 pub mod hash;
 pub mod joint;
+pub mod linear_map;
 pub mod model;
 pub mod parallel;
 pub mod prediction;
