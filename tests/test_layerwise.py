@@ -228,3 +228,94 @@ def test_relative_sigma_codes_equal_the_torch_form():
     assert (got.reshape(want.shape) == want).all()
     with pytest.raises(speckv.SpeckvError):
         _speckv.relative_sigma_codes(flat_mu, flat_s[:5], flat_r, heads, tokens, dim)
+
+
+# Decodes a map-predicted stream in a fresh process (its own SIMD kernels, torch threads) and
+# prints the restored cache's digest.
+_DECODE_ELSEWHERE = """
+import hashlib, sys, torch, transformers
+from speckv.hf import SpeculativeCodec, extract_kv
+from speckv import _speckv
+folder, cal, data, threads = sys.argv[1:5]
+torch.set_num_threads(int(threads))
+model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+codec = SpeculativeCodec.load(cal, model)
+prompt = torch.load(data + ".ids")
+back = extract_kv(codec.decompress(open(data, "rb").read(), prompt, dequantize=False))
+h = hashlib.sha256()
+for k, v in back:
+    h.update(k.contiguous().view(torch.int16).numpy().tobytes())
+    h.update(v.contiguous().view(torch.int16).numpy().tobytes())
+print(_speckv.map_kernel(), h.hexdigest())
+"""
+
+
+def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_path):
+    """The bytes of a map-only stream (layer 0 + integer maps) decode to the same cache in
+    processes whose maps and coder run other SIMD kernels (SPECKV_SIMD) and torch other
+    thread counts: the maps' sums are integers (``LinearMap``), RoPE's tables correctly
+    rounded, so the prediction does not depend on them."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    model = tiny_model("llama", seed=3)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1))
+    codec.calibrate([ids(48, s) for s in range(6)])
+    codec.save(str(tmp_path / "cal.safetensors"))
+    prompt = ids(40, 5)
+    cache = other_kernels(model, prompt)
+    (tmp_path / "data").write_bytes(codec.compress(cache, prompt, "bf16"))
+    torch.save(prompt, tmp_path / "data.ids")
+    h = hashlib.sha256()
+    for k, v in cache:
+        h.update(k.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+        h.update(v.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+    want = h.hexdigest()
+    kernels = set()
+    for simd, threads in (("", 1), ("avx2", 3), ("0", 2)):
+        env = {**os.environ, "SPECKV_SIMD": simd}
+        args = [str(folder), str(tmp_path / "cal.safetensors"), str(tmp_path / "data"), str(threads)]
+        out = subprocess.run(
+            [sys.executable, "-c", _DECODE_ELSEWHERE, *args], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        kernel, digest = out.stdout.split()
+        assert digest == want, (simd, threads, kernel)
+        kernels.add(kernel)
+    assert "portable" in kernels  # SPECKV_SIMD=0 took the portable sums
+
+
+def test_integer_maps_compute_the_float_map():
+    from speckv.hf.prefix import _apply, feature_shifts, integer_map
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 40, generator=g) * torch.logspace(-3, 2, 40)  # features of any scale
+    w = torch.randn(40, 24, generator=g) / 40
+    b = torch.randn(24, generator=g)
+    shifts = feature_shifts([x[:150], x[150:]])
+    assert shifts.dtype == torch.int32 and bool((x.abs().amax(0) * 2.0 ** shifts.double() <= 4096).all())
+    m = integer_map(w, b, shifts)
+    y = _apply(m, x)
+    ref = x.double() @ w.double() + b.double()
+    assert float((y.double() - ref).abs().max()) < 1e-3 * float(ref.abs().max())
+    # a constant-zero feature, and a row far outside the calibration's range (clamped, finite)
+    x[:, 3] = 0
+    assert int(feature_shifts([x])[3]) == 0
+    assert bool(torch.isfinite(_apply(m, x * 1e6)).all())
+
+
+def test_rope_tables_are_computed_exactly_where_the_rope_is_plain():
+    model = tiny_model("llama")
+    rope = Rope(model, 64, 16, start=8)
+    assert rope.exact
+    cos, sin = model.model.rotary_emb(torch.zeros(1), torch.arange(8, 72)[None])
+    assert torch.allclose(rope.cos[0, 0], cos[0].float(), atol=1e-5)
+    assert torch.allclose(rope.sin[0, 0], sin[0].float(), atol=1e-5)
+    # the same positions from a table grown by another call: the same bits
+    again = Rope(model, 200, 16).cos[0, 0, 8:72]
+    assert torch.equal(again, rope.cos[0, 0])

@@ -1,6 +1,6 @@
 """Typed stub of the Rust extension (thin binding over the speckv core crate)."""
 
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +76,28 @@ def relative_sigma_codes(
     dim: int,
 ) -> npt.NDArray[np.int16]: ...
 def kernels() -> str: ...
+def map_kernel() -> str: ...
+
+@final
+class LinearMap:
+    """A calibrated integer linear map (the layer-wise predictor's maps): the same bits on
+    every machine, SIMD width and thread count."""
+
+    def __new__(
+        cls,
+        features: int,
+        outputs: int,
+        shift: npt.NDArray[np.int32],
+        weights: npt.NDArray[np.int16],
+        bias: npt.NDArray[np.float32],
+        scale_shift: npt.NDArray[np.int32],
+    ) -> LinearMap: ...
+    @property
+    def features(self) -> int: ...
+    @property
+    def outputs(self) -> int: ...
+    def apply(self, x: npt.NDArray[np.float32], rows: int, threads: int = 1) -> npt.NDArray[np.float32]: ...
+
 def container_write(
     per_layer: bool,
     layers: int,

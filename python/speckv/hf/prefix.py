@@ -221,7 +221,9 @@ class Rope:
         self.exact = rotary is None
         if rotary is None:
             return
-        tables = _exact_tables(text_config(model), layer_type, seq, start, head_dim)
+        buffer = getattr(rotary, "inv_freq", None)
+        dtype = buffer.dtype if isinstance(buffer, torch.Tensor) else torch.float32
+        tables = _exact_tables(text_config(model), layer_type, seq, start, head_dim, dtype)
         if tables is not None:
             self.cos, self.sin = tables
             self.exact = True
@@ -281,7 +283,7 @@ def _rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any] | No
 
 
 def _exact_tables(
-    config: Any, layer_type: str | None, seq: int, start: int, head_dim: int
+    config: Any, layer_type: str | None, seq: int, start: int, head_dim: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """cos and sin of RoPE (``[1, 1, seq, head_dim]``, float32) computed in float64 with
     Python's correctly rounded ``math`` functions, then rounded once: the same bits on every
@@ -289,7 +291,9 @@ def _exact_tables(
     between SIMD widths), which the maps' features must not depend on (the decoder on
     another machine has to rebuild the encoder's prediction). For the plain and linearly
     scaled RoPE that covers the whole head; ``None`` for any other kind (the model's own
-    tables are used then)."""
+    tables are used then). ``dtype``: the model's inverse frequencies' (a model cast to
+    bfloat16 as a whole rotates by bfloat16 frequencies: they are rounded to it first, as
+    the model's are, correctly rounded from float64 here)."""
     import math
 
     params = _rope_parameters(config, layer_type)
@@ -299,11 +303,13 @@ def _exact_tables(
         return None
     theta = float(params["rope_theta"])
     factor = float(params.get("factor", 1.0)) if params.get("rope_type") == "linear" else 1.0
-    key = (theta, factor, head_dim)
+    key = (theta, factor, head_dim, str(dtype))
     cos, sin = _TABLES.get(key, (torch.zeros(0, head_dim), torch.zeros(0, head_dim)))
     if cos.shape[0] < start + seq:  # extend the cached tables (a prompt's blocks reuse them)
         half = head_dim // 2
         inv = [1.0 / (theta ** (2 * i / head_dim)) / factor for i in range(half)]
+        if dtype != torch.float32:  # a float32 model's: float64 is closer to its rotation
+            inv = torch.tensor(inv, dtype=torch.float64).to(dtype).double().tolist()
         grow = range(cos.shape[0], max(start + seq, 2 * cos.shape[0]))
         c = torch.tensor([[math.cos(p * f) for f in inv] for p in grow], dtype=torch.float64).float()
         s_ = torch.tensor([[math.sin(p * f) for f in inv] for p in grow], dtype=torch.float64).float()
@@ -313,8 +319,8 @@ def _exact_tables(
     return cos[start : start + seq][None, None], sin[start : start + seq][None, None]
 
 
-# (theta, linear factor, head_dim) -> cos, sin of positions 0.. (``_exact_tables``)
-_TABLES: dict[tuple[float, float, int], tuple[torch.Tensor, torch.Tensor]] = {}
+# (theta, linear factor, head_dim, frequencies' dtype) -> cos, sin of positions 0.. (``_exact_tables``)
+_TABLES: dict[tuple[float, float, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class Ropes:

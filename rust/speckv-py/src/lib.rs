@@ -712,9 +712,8 @@ impl PyLinearMap {
             bias.as_slice().map_err(|_| contiguous())?,
             scale_shift.as_slice().map_err(|_| contiguous())?,
         );
-        let inner = py
-            .allow_threads(|| speckv::linear_map::LinearMap::new(features, outputs, s, w, b, o))
-            .map_err(to_py)?;
+        let inner =
+            py.allow_threads(|| speckv::linear_map::LinearMap::new(features, outputs, s, w, b, o)).map_err(to_py)?;
         Ok(PyLinearMap { inner })
     }
 
@@ -738,10 +737,15 @@ impl PyLinearMap {
         threads: usize,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let x = x.as_slice().map_err(|_| PyValueError::new_err("linear map: x must be contiguous"))?;
-        let n = rows
-            .checked_mul(self.inner.outputs())
-            .ok_or_else(|| SpeckvError::new_err("linear map: too many rows"))?;
-        let mut y = vec![0f32; n];
+        // the output is sized from `rows` only once `x` has shown that many rows
+        if x.len() != rows.saturating_mul(self.inner.features()) {
+            return Err(SpeckvError::new_err(format!(
+                "linear map: {} inputs given for {rows} rows of {} features",
+                x.len(),
+                self.inner.features()
+            )));
+        }
+        let mut y = vec![0f32; rows * self.inner.outputs()];
         py.allow_threads(|| self.inner.apply(x, rows, &mut y, threads)).map_err(to_py)?;
         Ok(PyArray1::from_vec(py, y))
     }

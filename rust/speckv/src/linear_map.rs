@@ -55,7 +55,14 @@ fn power_of_two(e: i32) -> f32 {
 impl LinearMap {
     /// `weights`: `features x outputs`, row-major, each in `-32767..=32767`; `shift`: one
     /// power-of-two exponent per feature, `scale_shift` one per output (`scale = 2^-s`).
-    pub fn new(features: usize, outputs: usize, shift: &[i32], weights: &[i16], bias: &[f32], scale_shift: &[i32]) -> Result<Self> {
+    pub fn new(
+        features: usize,
+        outputs: usize,
+        shift: &[i32],
+        weights: &[i16],
+        bias: &[f32],
+        scale_shift: &[i32],
+    ) -> Result<Self> {
         if features == 0 || outputs == 0 {
             return invalid("linear map: needs at least one feature and one output");
         }
@@ -67,7 +74,7 @@ impl LinearMap {
                 bias.len()
             ));
         }
-        if weights.len() != features.checked_mul(outputs).unwrap_or(usize::MAX) {
+        if weights.len() != features.saturating_mul(outputs) {
             return invalid(format!("linear map: {} weights for {features} x {outputs}", weights.len()));
         }
         if shift.iter().chain(scale_shift).any(|s| s.abs() > MAX_SHIFT) {
@@ -110,7 +117,7 @@ impl LinearMap {
     /// `y` (`rows x outputs`) for `x` (`rows x features`), on `threads` threads (the same bits
     /// for any number).
     pub fn apply(&self, x: &[f32], rows: usize, y: &mut [f32], threads: usize) -> Result<()> {
-        if x.len() != rows.checked_mul(self.features).unwrap_or(usize::MAX) || y.len() != rows * self.outputs {
+        if x.len() != rows.saturating_mul(self.features) || y.len() != rows.saturating_mul(self.outputs) {
             return invalid(format!(
                 "linear map: {} inputs and {} outputs given for {rows} rows of {} -> {}",
                 x.len(),
@@ -147,7 +154,8 @@ impl LinearMap {
             let row = &x[t * self.features..(t + 1) * self.features];
             for p in 0..self.pairs {
                 let lo = quantize_one(row[2 * p], self.shift[2 * p]);
-                let hi = if 2 * p + 1 < self.features { quantize_one(row[2 * p + 1], self.shift[2 * p + 1]) } else { 0 };
+                let hi =
+                    if 2 * p + 1 < self.features { quantize_one(row[2 * p + 1], self.shift[2 * p + 1]) } else { 0 };
                 q[t * self.pairs + p] = (lo as u16 as u32 | ((hi as u16 as u32) << 16)) as i32;
             }
         }
@@ -304,7 +312,14 @@ mod x86 {
             }
 
             #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $name(q: &[i32], rows: usize, pairs: usize, packed: &[i16], padded: usize, acc: &mut [i32]) {
+            pub(super) unsafe fn $name(
+                q: &[i32],
+                rows: usize,
+                pairs: usize,
+                packed: &[i16],
+                padded: usize,
+                acc: &mut [i32],
+            ) {
                 let mut o0 = 0;
                 while o0 < padded {
                     let wide = padded - o0 >= REGS * $w;
@@ -399,8 +414,8 @@ mod x86 {
     }
 
     mod ops512vnni {
-        use std::arch::x86_64::*;
         pub(super) use super::ops512::{add, load, set1, store, zero};
+        use std::arch::x86_64::*;
         #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
         #[inline]
         pub(super) fn step(a: __m512i, x: __m512i, w: __m512i) -> __m512i {
@@ -424,7 +439,9 @@ mod tests {
 
     fn random_map(features: usize, outputs: usize, seed: &mut u64, big: bool) -> LinearMap {
         let range = if big { 65535 } else { 4001 };
-        let w: Vec<i16> = (0..features * outputs).map(|_| ((lcg(seed) % range) as i32 - (range as i32 / 2)).max(-32767) as i16).collect();
+        let w: Vec<i16> = (0..features * outputs)
+            .map(|_| ((lcg(seed) % range) as i32 - (range as i32 / 2)).max(-32767) as i16)
+            .collect();
         let shift: Vec<i32> = (0..features).map(|_| (lcg(seed) % 8) as i32 + 4).collect();
         let scale: Vec<i32> = (0..outputs).map(|_| (lcg(seed) % 10) as i32 + 10).collect();
         let bias: Vec<f32> = (0..outputs).map(|_| (lcg(seed) % 1000) as f32 / 100.0 - 5.0).collect();
@@ -481,7 +498,10 @@ mod tests {
         for threads in [2, 3, 8] {
             let mut y = vec![0f32; rows * outputs];
             m.apply(&x, rows, &mut y, threads).unwrap();
-            assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
         }
         for t in [0, 77, rows - 1] {
             for o in [0, 5, outputs - 1] {
