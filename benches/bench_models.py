@@ -27,8 +27,7 @@ from typing import Any
 from speckv.cli import _calibrated_codec, _evaluate, build_parser, make_predictor
 from speckv.hf import cost, load_demo_model, load_model
 from speckv.hf.demo import bundled_text, prompts
-from speckv.hf.predictors import describe
-from speckv.hf.prefix import HISTORY, ModelPrefixPredictor
+from speckv.hf.prefix import ModelPrefixPredictor
 
 DEFAULT_PREDICTORS = "stats,map,prefix:{third},prefix,fp8-bf16"
 # the early-exit frontier of F. Finn, "Speculative KV coding II" (a draft post; Qwen3-8B, ideal
@@ -45,19 +44,7 @@ def fetched_models() -> list[Path]:
 def predictor_flops(predictor: Any, config: Any, tokens: int) -> float:
     """FLOPs of a predictor's work on one prompt, as a share of a recompute (every layer, the
     last token's logits; ``speckv.hf.cost``)."""
-    d = describe(predictor)
-    if d["name"] == "channel-stats":
-        return 0.0
-    if d["name"] == "fp8":
-        return 1.0  # the whole model (fp8 weights, same products)
-    assert isinstance(predictor, ModelPrefixPredictor)
-    n = int(config.num_hidden_layers)
-    kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    width = kv * dim
-    # a mapped layer: K and V's previous-layer part in one product, then V's own-K part
-    maps = (n - predictor.layers) * 2 * tokens * (2 * HISTORY * width * 2 * width + width * width)
-    return cost.prefix_share(config, predictor.layers, tokens) + maps / cost.recompute_flops(config, tokens)
+    return cost.predictor_flops(predictor, config, tokens) / cost.recompute_flops(config, tokens)
 
 
 def where_bits_go(result: dict[str, Any], predictor: Any, mode: str) -> str:

@@ -239,6 +239,13 @@ def _run_eval(
         f"{_PRODUCERS[args.producer]} ...",
     )
     result = _evaluate(args, codec, held_out)
+    from .hf.cost import predictor_flops, recompute_flops, text_config
+
+    config = text_config(model)
+    result["predict_gflop"] = predictor_flops(codec.predictor, config, args.seq_len) / 1e9
+    result["predict_over_recompute_flops"] = predictor_flops(codec.predictor, config, args.seq_len) / recompute_flops(
+        config, args.seq_len
+    )
     result["model"] = label
     result["predictor"] = spec or args.predictor or ("from-calibration" if args.calibration else "prefix")
     result["producer"] = args.producer
@@ -297,6 +304,8 @@ def tradeoff_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "predictor": r["predictor"],
                     "mode": mode,
                     "bits_per_scalar": m["bits_per_scalar"]["with_container"],
+                    "predict_gflop": r.get("predict_gflop"),
+                    "predict_over_recompute_flops": r.get("predict_over_recompute_flops"),
                     "predict_over_prefill": m["predict_over_prefill"],
                     "decode_over_prefill": m["decode_over_prefill"],
                     "restore_over_prefill": m["restore_over_prefill"],
@@ -310,14 +319,22 @@ def tradeoff_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _tradeoff_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'predictor':10s} {'mode':5s} {'b/s':>6s} {'predict':>8s} {'decode':>7s} {'restore':>8s} "
+        f"{'predictor':10s} {'mode':5s} {'b/s':>6s} {'GFLOP':>6s} {'FLOPs':>6s} "
+        f"{'predict':>8s} {'decode':>7s} {'restore':>8s} "
         f"{'pays below':>11s} {'vs recompute':>12s} {'exact':>5s}"
     )
     out = [head]
     for r in rows:
         link = f"{r['break_even_gbit_s']:.2f} Gb/s" if r["break_even_gbit_s"] is not None else "n/a"
+        gflop = f"{r['predict_gflop']:6.2f}" if r.get("predict_gflop") is not None else f"{'n/a':>6s}"
+        share = (
+            f"{r['predict_over_recompute_flops']:5.3f}x"
+            if r.get("predict_over_recompute_flops") is not None
+            else "   n/a"
+        )
         out.append(
-            f"{r['predictor']:10s} {r['mode']:5s} {r['bits_per_scalar']:6.3f} {r['predict_over_prefill']:7.2f}x "
+            f"{r['predictor']:10s} {r['mode']:5s} {r['bits_per_scalar']:6.3f} {gflop} {share} "
+            f"{r['predict_over_prefill']:7.2f}x "
             f"{r['decode_over_prefill']:6.2f}x {r['restore_over_prefill']:7.2f}x {link:>11s} "
             f"{'cheaper' if r['beats_recompute'] else 'dearer':>12s} {'yes' if r['exact'] else 'NO':>5s}"
         )
@@ -332,10 +349,11 @@ def _print_tradeoff(args: argparse.Namespace, results: list[dict[str, Any]]) -> 
     print()
     print(_tradeoff_table(rows))
     print(
-        "b/s = bits per scalar (container included); predict / decode / restore = time as x the model's own\n"
-        "prefill of the same prompt (restore = predict + decode: what decompress costs); pays below = the link\n"
-        "bandwidth under which sending speckv bytes and restoring beats sending the raw cache; vs recompute =\n"
-        "whether restoring is cheaper than running the prefill again"
+        "b/s = bits per scalar (container included); GFLOP = what the predictor computes per prompt, counted\n"
+        "from the config; FLOPs = that as x a recompute's (the published frontier's cost axis); predict /\n"
+        "decode / restore = time as x the model's own prefill of the same prompt (restore = predict + decode:\n"
+        "what decompress costs); pays below = the link bandwidth under which sending speckv bytes and restoring\n"
+        "beats sending the raw cache; vs recompute = whether restoring is cheaper than running the prefill again"
     )
 
 

@@ -79,6 +79,29 @@ def prefix_share(config: Any, layers: int, tokens: int = TOKENS) -> float:
     return sum(layer_flops(config, i, tokens) for i in range(layers)) / recompute_flops(config, tokens)
 
 
+def map_flops(config: Any, tokens: int = TOKENS, history: int = 2) -> float:
+    """FLOPs of one layer's maps (``prefix.ModelPrefixPredictor``) over ``tokens``: K's and the
+    first part of V's from the previous ``history`` layers' K and V, V's own from its K."""
+    _, _, kv, dim, _ = _dims(config)
+    width = kv * dim
+    return float(2 * tokens * (2 * history * width * 2 * width + width * width))
+
+
+def predictor_flops(predictor: Any, config: Any, tokens: int = TOKENS) -> float:
+    """What a predictor computes for a prompt of ``tokens``, in FLOPs counted from the config:
+    the model's own layers it runs, and its maps; 0 for one that runs no model (per-channel
+    statistics); a whole forward pass for the predictors that run every layer."""
+    from .predictors import ChannelStatsPredictor
+
+    n = int(config.num_hidden_layers)
+    if callable(getattr(predictor, "prefix", None)):  # the model's first layers, then maps
+        layers = int(predictor.layers)
+        return sum(layer_flops(config, i, tokens) for i in range(layers)) + (n - layers) * map_flops(config, tokens)
+    if isinstance(predictor, ChannelStatsPredictor):
+        return 0.0
+    return sum(layer_flops(config, i, tokens) for i in range(n))
+
+
 def default_prefix_layers(config: Any) -> int:
     """The most layers a default ``ModelPrefixPredictor`` runs while its restore (those
     layers and the coder) stays within RESTORE_BUDGET of a recompute; at least 1."""
@@ -102,6 +125,8 @@ __all__ = [
     "head_flops",
     "joint_by_default",
     "layer_flops",
+    "map_flops",
+    "predictor_flops",
     "prefix_share",
     "recompute_flops",
 ]
