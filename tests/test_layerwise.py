@@ -104,8 +104,9 @@ def test_another_prediction_is_refused(prefix_codec):
 
     # the same settings but other predictions (as another torch build might make): refused by
     # the fingerprint of the coding parameters, before any wrong value comes out
-    def shifted_prefix(input_ids, sink, state=None):
-        return ModelPrefixPredictor.prefix(predictor, input_ids, lambda layer, k, v: sink(layer, k + 1e-2, v), state)
+    def shifted_prefix(input_ids, sink, state=None, hidden=None):
+        shifted = lambda layer, k, v: sink(layer, k + 1e-2, v)  # noqa: E731
+        return ModelPrefixPredictor.prefix(predictor, input_ids, shifted, state, hidden)
 
     predictor.prefix = shifted_prefix
     try:
@@ -319,3 +320,29 @@ def test_rope_tables_are_computed_exactly_where_the_rope_is_plain():
     # the same positions from a table grown by another call: the same bits
     again = Rope(model, 200, 16).cos[0, 0, 8:72]
     assert torch.equal(again, rope.cos[0, 0])
+
+
+def test_cheap_maps_read_the_hidden_state_and_round_trip_in_steps():
+    """Up to HIDDEN_UP_TO model layers the maps also read the hidden state the last run layer
+    hands on (its own columns in every map), recorded in the description; with a prefill in
+    steps (prompt longer than ``prefill_chunk``) the steps' hidden states are joined, and the
+    round trip is exact."""
+    from speckv.hf.prefix import HIDDEN_UP_TO
+
+    model = tiny_model("llama", seed=2)
+    plain = ModelPrefixPredictor(model, layers=1, hidden=False)
+    cheap = ModelPrefixPredictor(model, layers=1, prefill_chunk=16)
+    assert cheap.hidden and not plain.hidden and HIDDEN_UP_TO >= 1
+    assert "hidden" in cheap.describe() and "hidden" not in plain.describe()
+    assert not ModelPrefixPredictor(model, layers=3).hidden  # no maps: nothing reads it
+    codec = SpeculativeCodec(model, predictor=cheap)
+    codec.calibrate([ids(48, s) for s in range(6)])
+    width = 2 * 16  # kv heads x head dim of the tiny model
+    assert cheap.maps["maps.1.k.weight"].shape[0] == 2 * width + 64  # layer 0's K, V and the hidden state
+    h = cheap.hidden_state(ids(40, 1))
+    assert h.shape == (1, 1, 40, 64) and h.dtype == torch.float32
+    prompt = ids(40, 12)  # three steps of 16 tokens
+    cache = other_kernels(model, prompt)
+    for mode in ("bf16", "fp8"):
+        data = codec.compress(cache, prompt, mode)
+        assert_same(codec, mode, cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))

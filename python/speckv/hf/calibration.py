@@ -652,7 +652,8 @@ def _fitted_predictions(
         s = float(scales[layer, which])
         return fp8_quantize(t, s).float() * s
 
-    oof = predictor.fit(truths, {"bf16": as_bf16, "fp8": as_fp8}, progress=progress)
+    hidden = [predictor.hidden_state(ids) for ids in samples] if getattr(predictor, "hidden", False) else None
+    oof = predictor.fit(truths, {"bf16": as_bf16, "fp8": as_fp8}, progress=progress, hidden_states=hidden)
     prefix_layers = int(getattr(predictor, "layers", 0))
     out: dict[str, list[KV]] = {"bf16": [], "fp8": []}
     for i, ids in enumerate(samples):
