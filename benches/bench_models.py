@@ -7,7 +7,7 @@ against a recompute (the last token's logits, as an engine prefills), the
 calibration's time, and where the bits go (layers the model computes against mapped ones, K
 against V). Held-out text of another genre than the calibration text (the bundled GPL-3 text).
 
-    python benches/bench_models.py [MODEL ...] [--predictors stats,map,prefix:4,prefix,fp8-bf16]
+    python benches/bench_models.py [MODEL ...] [--predictors stats,map,map+hidden,prefix:4,prefix,fp8-bf16]
         [--prompts 2] [--samples 16] [--seq-len 512] [--modes bf16,fp8]
 
 With no MODEL: the demo model, then each model under ``$SPECKV_MODELS`` (default
@@ -29,7 +29,7 @@ from speckv.hf import cost, load_demo_model, load_model
 from speckv.hf.demo import bundled_text, prompts
 from speckv.hf.prefix import ModelPrefixPredictor
 
-DEFAULT_PREDICTORS = "stats,map,prefix:{third},prefix,fp8-bf16"
+DEFAULT_PREDICTORS = "stats,map,map+hidden,prefix:{third},prefix,fp8-bf16"
 # the early-exit frontier of F. Finn, "Speculative KV coding II" (a draft post; Qwen3-8B, ideal
 # code lengths, caches by the same kernels): (share of a prefill, b/s)
 FINN_BF16 = ((0.04, 9.91), (0.15, 8.58), (0.36, 6.28), (0.52, 4.54), (0.68, 2.87))

@@ -252,7 +252,7 @@ print(_speckv.map_kernel(), h.hexdigest())
 
 
 def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_path):
-    """The bytes of a map-only stream (layer 0 + integer maps) decode to the same cache in
+    """The bytes of a map-only stream (layer 0, its hidden state, integer maps) decode to the same cache in
     processes whose maps and coder run other SIMD kernels (SPECKV_SIMD) and torch other
     thread counts: the maps' sums are integers (``LinearMap``), RoPE's tables correctly
     rounded, so the prediction does not depend on them."""
@@ -265,7 +265,7 @@ def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_pa
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1))
+    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1, hidden=True))
     codec.calibrate([ids(48, s) for s in range(6)])
     codec.save(str(tmp_path / "cal.safetensors"))
     prompt = ids(40, 5)
@@ -323,18 +323,22 @@ def test_rope_tables_are_computed_exactly_where_the_rope_is_plain():
 
 
 def test_cheap_maps_read_the_hidden_state_and_round_trip_in_steps():
-    """Up to HIDDEN_UP_TO model layers the maps also read the hidden state the last run layer
-    hands on (its own columns in every map), recorded in the description; with a prefill in
-    steps (prompt longer than ``prefill_chunk``) the steps' hidden states are joined, and the
-    round trip is exact."""
-    from speckv.hf.prefix import HIDDEN_UP_TO
+    """With ``hidden`` the maps also read the hidden state the last run layer hands on (its
+    own columns in every map), recorded in the description and restored from it; with a
+    prefill in steps (prompt longer than ``prefill_chunk``) the steps' hidden states are
+    joined, and the round trip is exact."""
+    from speckv.cli import make_predictor
+    from speckv.hf.codec import predictor_from_description
 
     model = tiny_model("llama", seed=2)
-    plain = ModelPrefixPredictor(model, layers=1, hidden=False)
-    cheap = ModelPrefixPredictor(model, layers=1, prefill_chunk=16)
-    assert cheap.hidden and not plain.hidden and HIDDEN_UP_TO >= 1
+    plain = ModelPrefixPredictor(model, layers=1)
+    cheap = ModelPrefixPredictor(model, layers=1, prefill_chunk=16, hidden=True)
+    assert cheap.hidden and not plain.hidden
     assert "hidden" in cheap.describe() and "hidden" not in plain.describe()
-    assert not ModelPrefixPredictor(model, layers=3).hidden  # no maps: nothing reads it
+    assert predictor_from_description(model, cheap.describe()).describe() == cheap.describe()
+    assert make_predictor("map+hidden", model).hidden and make_predictor("prefix:2+hidden", model).hidden
+    assert not make_predictor("map", model).hidden
+    assert not ModelPrefixPredictor(model, layers=3, hidden=True).hidden  # no maps: nothing reads it
     codec = SpeculativeCodec(model, predictor=cheap)
     codec.calibrate([ids(48, s) for s in range(6)])
     width = 2 * 16  # kv heads x head dim of the tiny model

@@ -40,6 +40,7 @@ def _need_hf() -> None:
 
 PREDICTORS_HELP = (
     "prefix (the default: the model's first layers + maps), prefix:N (N layers), map (layer 0 + maps), "
+    "map+hidden or prefix:N+hidden (maps that also read the hidden state the last run layer hands on), "
     "fp8 (fp8 weights, float32 compute, 1 thread), fp8-all (the same on every core), "
     "fp8-bf16 (fp8 weights, bf16 compute, every core), stats (no model: per-channel means)"
 )
@@ -58,21 +59,26 @@ def make_predictor(spec: str, model: Any, block_size: int | None = None) -> Any:
         return Fp8Predictor(model, block_size=block_size, threads="all")
     if spec == "fp8-bf16":
         return Fp8Predictor(model, block_size=block_size, dtype=torch.bfloat16, threads="all")
+    hidden = spec.endswith("+hidden")
+    if hidden and (spec.startswith("map") or spec.startswith("prefix")):
+        spec = spec[: -len("+hidden")]
+    else:
+        hidden = False
     if spec == "map":
-        return ModelPrefixPredictor(model, layers=1)
+        return ModelPrefixPredictor(model, layers=1, hidden=hidden)
     if spec == "stats":
         from .hf import ChannelStatsPredictor
 
         return ChannelStatsPredictor()
     if spec == "prefix":
-        return ModelPrefixPredictor(model, layers=default_prefix_layers(model))
+        return ModelPrefixPredictor(model, layers=default_prefix_layers(model), hidden=hidden)
     if spec.startswith("prefix:"):
         try:
             layers = int(spec.split(":", 1)[1])
         except ValueError:
             raise SystemExit(f"speckv: predictor {spec!r}: expected prefix:N with N a number of layers") from None
         try:
-            return ModelPrefixPredictor(model, layers=layers)
+            return ModelPrefixPredictor(model, layers=layers, hidden=hidden)
         except ValueError as e:
             raise SystemExit(f"speckv: predictor {spec!r}: {e}") from None
     raise SystemExit(f"speckv: unknown predictor {spec!r}: expected {PREDICTORS_HELP}")
@@ -160,7 +166,8 @@ def _describe_short(predictor: Any) -> str:
 
     d = describe(predictor)
     if d.get("name") == "model-prefix":
-        return f"the model's first {d['layers']} layers on {d['threads']} threads + maps"
+        maps = "maps of K, V and its hidden state" if "hidden" in d else "maps"
+        return f"the model's first {d['layers']} layers on {d['threads']} threads + {maps}"
     if d.get("name") == "fp8":
         scale = d["scale"].replace("per-tensor absmax", "per-tensor")
         return f"fp8 weights ({scale} scales), {d['compute_dtype']} compute on {d['threads']} thread(s)"

@@ -1004,7 +1004,11 @@ def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
     if name == "model-prefix":
         chunk = int(description.get("prefill_chunk", PREFILL_CHUNK))
         return ModelPrefixPredictor(
-            model, int(description["layers"]), threads=int(description["threads"]), prefill_chunk=chunk
+            model,
+            int(description["layers"]),
+            threads=int(description["threads"]),
+            prefill_chunk=chunk,
+            hidden="hidden" in description,
         )
     if name == "fp8":
         scale = str(description.get("scale", ""))

@@ -79,12 +79,14 @@ def prefix_share(config: Any, layers: int, tokens: int = TOKENS) -> float:
     return sum(layer_flops(config, i, tokens) for i in range(layers)) / recompute_flops(config, tokens)
 
 
-def map_flops(config: Any, tokens: int = TOKENS, history: int = 2) -> float:
+def map_flops(config: Any, tokens: int = TOKENS, history: int = 2, hidden: bool = False) -> float:
     """FLOPs of one layer's maps (``prefix.ModelPrefixPredictor``) over ``tokens``: K's and the
-    first part of V's from the previous ``history`` layers' K and V, V's own from its K."""
-    _, _, kv, dim, _ = _dims(config)
+    first part of V's from the previous ``history`` layers' K and V (and with ``hidden`` the
+    hidden state), V's own from its K."""
+    size, _, kv, dim, _ = _dims(config)
     width = kv * dim
-    return float(2 * tokens * (2 * history * width * 2 * width + width * width))
+    features = 2 * history * width + (size if hidden else 0)
+    return float(2 * tokens * (features * 2 * width + width * width))
 
 
 def predictor_flops(predictor: Any, config: Any, tokens: int = TOKENS) -> float:
@@ -95,8 +97,9 @@ def predictor_flops(predictor: Any, config: Any, tokens: int = TOKENS) -> float:
 
     n = int(config.num_hidden_layers)
     if callable(getattr(predictor, "prefix", None)):  # the model's first layers, then maps
-        layers = int(predictor.layers)
-        return sum(layer_flops(config, i, tokens) for i in range(layers)) + (n - layers) * map_flops(config, tokens)
+        layers, hidden = int(predictor.layers), bool(getattr(predictor, "hidden", False))
+        maps = (n - layers) * map_flops(config, tokens, hidden=hidden)
+        return sum(layer_flops(config, i, tokens) for i in range(layers)) + maps
     if isinstance(predictor, ChannelStatsPredictor):
         return 0.0
     return sum(layer_flops(config, i, tokens) for i in range(n))

@@ -60,11 +60,6 @@ MAP_MAX_SHIFT = 40
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 FOLDS = 4
 HISTORY = 2
-# Up to this many model layers, the maps also read the hidden state the model's last run layer
-# hands on (``hidden``): at the cheap end it is most of what the maps lack (bits ideal under a
-# Gaussian, GPL-3 text, no joint model: -0.17 b/s on the demo model, -0.35 on Qwen2.5-0.5B),
-# for one layer's attention and MLP more and ~1.7x the maps' products.
-HIDDEN_UP_TO = 6
 # The maps' name for that hidden state among their sources (``[batch, 1, tokens, hidden]``).
 HIDDEN = (-1, 2)
 # Tokens per step of the prefix's forward pass on longer inputs (chunked prefill, the cache
@@ -446,7 +441,7 @@ class ModelPrefixPredictor:
         *,
         threads: int = DEFAULT_THREADS,
         prefill_chunk: int = PREFILL_CHUNK,
-        hidden: bool | None = None,
+        hidden: bool = False,
     ) -> None:
         n = int(model.config.num_hidden_layers)
         if layers is None:
@@ -464,9 +459,11 @@ class ModelPrefixPredictor:
         self.layers = int(layers)
         self.threads = int(threads)
         self.n_layers = n
-        # whether the maps also read the hidden state after the model's last run layer (None:
-        # up to HIDDEN_UP_TO layers); never without maps
-        self.hidden = bool(layers <= HIDDEN_UP_TO if hidden is None else hidden) and self.layers < n
+        # whether the maps also read the hidden state the model's last run layer hands on (the
+        # forward pass then ends that layer): what maps from K and V lack most at the cheap
+        # end, for one layer's attention and MLP more and a wider product (README, "The cheap
+        # end"); never without maps
+        self.hidden = bool(hidden) and self.layers < n
         # per layer, its sliding window (None: full attention); fallback maps where a map's
         # sources may lack tokens its layer holds (``_fallback_sources``)
         self.windows = layer_windows(text_config(model))
