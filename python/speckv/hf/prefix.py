@@ -842,7 +842,8 @@ def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -
     amax = np.abs(w).max(axis=0)
     _, e = np.frexp(np.where(amax > 0, MAP_WEIGHT_RANGE / np.where(amax > 0, amax, 1.0), 1.0))
     scale = np.clip(np.where(amax > 0, e - 1, 0), -MAP_MAX_SHIFT, MAP_MAX_SHIFT).astype(np.int64)
-    q = np.rint(np.ldexp(w, scale[None, :])).astype(np.int16)
+    # within MAP_WEIGHT_RANGE unless an exponent hit MAP_MAX_SHIFT: clipped, never wrapped
+    q = np.clip(np.rint(np.ldexp(w, scale[None, :])), -32767, 32767).astype(np.int16)
     return _speckv.LinearMap(
         int(features),
         int(outputs),
