@@ -14,7 +14,10 @@ has at hand when it gets there (see ``layerwise``). So this predictor:
   (K un-RoPEd first, so that position does not scramble the channels, and the predicted K
   RoPEd again); V's map also sees the decoded K of its own layer. Calibration fits the maps
   (``fit``) and stores them with the sigmas, measured on out-of-fold predictions so they are
-  honest about text the maps never saw.
+  honest about text the maps never saw. The maps run as integer sums in the Rust core
+  (``integer_map``; invariant M1 of ``linear_map.rs``) on RoPE tables computed exactly, so a
+  decoder on another machine, SIMD width or thread count rebuilds the encoder's prediction.
+  With ``hidden=True`` they also read the hidden state the last run layer hands on.
 
 ``layers=1`` is the map-only predictor: layer 0 is a function of the token ids alone (computed
 exactly as the model does), everything above comes from maps. ``layers=n_layers`` runs the
@@ -675,9 +678,10 @@ class ModelPrefixPredictor:
     ) -> torch.Tensor:
         """The map's prediction of (layer, which) from the observed tensors, at every position
         of ``shape`` (``[batch, heads, positions, dim]``; a layer holding fewer keeps the last
-        ones). K's turn leaves V's partial sum in ``scratch``. The products run in bfloat16
-        (float32 accumulation): ~3x faster than float32 on CPUs with bf16 matmuls, and the
-        rounding of the prediction to bf16 is far below the maps' own error."""
+        ones). K's turn leaves V's partial sum in ``scratch``. The products are the core's
+        integer sums (``integer_map``): the same bits on every machine, and ~2x torch's bf16
+        products on one core; their rounding (16-bit features and weights) is far below the
+        maps' own error."""
         rows, width = shape[2], shape[1] * shape[3]
         with torch.no_grad():
             both, own = self._joint(layer)
