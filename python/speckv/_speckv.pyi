@@ -8,6 +8,7 @@ import numpy.typing as npt
 FORMAT_VERSION: int
 CONTAINER_VERSION: int
 DEFAULT_CHUNK_SCALARS: int
+LINEAR_MAP_MAX_SHIFT: int
 DEFAULT_WEIGHTS: tuple[int, int, int]
 
 class SpeckvError(ValueError): ...

@@ -249,10 +249,9 @@ def _run_eval(
     from .hf.cost import predictor_flops, recompute_flops, text_config
 
     config = text_config(model)
-    result["predict_gflop"] = predictor_flops(codec.predictor, config, args.seq_len) / 1e9
-    result["predict_over_recompute_flops"] = predictor_flops(codec.predictor, config, args.seq_len) / recompute_flops(
-        config, args.seq_len
-    )
+    flops = predictor_flops(codec.predictor, config, args.seq_len)
+    result["predict_gflop"] = flops / 1e9
+    result["predict_over_recompute_flops"] = flops / recompute_flops(config, args.seq_len)
     result["model"] = label
     result["predictor"] = spec or args.predictor or ("from-calibration" if args.calibration else "prefix")
     result["producer"] = args.producer

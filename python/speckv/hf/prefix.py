@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
 
+from .. import _speckv
 from .architecture import layer_types, layer_windows, text_config
 from .cache import KV, cache_argument
 from .predictors import _decoder_layers, fixed_threads
@@ -57,7 +59,8 @@ MAP_THREADS = 1
 # products stay far inside 32 bits.
 MAP_FEATURE_RANGE = 2**12
 MAP_WEIGHT_RANGE = 2**12
-MAP_MAX_SHIFT = 40
+# the largest power-of-two exponent a feature's or an output's scale may have (the core's bound)
+MAP_MAX_SHIFT = _speckv.LINEAR_MAP_MAX_SHIFT
 # Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
 # the one with the smallest out-of-fold error wins.
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -299,8 +302,6 @@ def _exact_tables(
     tables are used then). ``dtype``: the model's inverse frequencies' (a model cast to
     bfloat16 as a whole rotates by bfloat16 frequencies: they are rounded to it first, as
     the model's are, correctly rounded from float64 here)."""
-    import math
-
     params = _rope_parameters(config, layer_type)
     if params is None or params.get("rope_type", "default") not in ("default", "linear"):
         return None
@@ -816,8 +817,6 @@ def feature_shifts(xs: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per feature (columns of the ``[rows, features]`` tensors ``xs``), the power-of-two
     exponent that puts its largest magnitude at most at MAP_FEATURE_RANGE (int32; 0 for a
     feature that is always 0)."""
-    import math
-
     if not xs or xs[0].shape[1] == 0:
         return torch.zeros(0, dtype=torch.int32)
     amax = torch.stack([x.abs().amax(0) for x in xs]).amax(0).double().tolist()
@@ -837,8 +836,6 @@ def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -
     to even, in numpy's float64 (the same integers on every machine), with per output the
     largest power of two that keeps them within MAP_WEIGHT_RANGE."""
     import numpy as np
-
-    from .. import _speckv
 
     features, outputs = weight.shape
     sh = shift.numpy().astype(np.int64)

@@ -804,6 +804,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
     m.add("CONTAINER_VERSION", speckv::format::CONTAINER_VERSION)?;
     m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
+    m.add("LINEAR_MAP_MAX_SHIFT", speckv::linear_map::MAX_SHIFT)?;
     let p = ModelParams::default();
     m.add("DEFAULT_WEIGHTS", (p.weight_narrow, p.weight_wide, p.weight_escape))?;
     Ok(())
