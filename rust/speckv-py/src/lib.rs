@@ -232,7 +232,7 @@ fn mismatch_error(m: String) -> PyErr {
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None, joint=None, token_scale=None))]
+#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None, joint=None, token_scale=None, fast_lane=false, context_period=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode<'py>(
     py: Python<'py>,
@@ -250,6 +250,8 @@ fn encode<'py>(
     weights: Option<(u16, u16, u16)>,
     joint: Option<JointArgs<'py>>,
     token_scale: Option<(u8, u8)>,
+    fast_lane: bool,
+    context_period: Option<u32>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
@@ -261,7 +263,12 @@ fn encode<'py>(
     };
     let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
-    let opts = EncodeOptions { torch_hint, ..options(threads, chunk_scalars, model, weights, token_scale)? };
+    let opts = EncodeOptions {
+        torch_hint,
+        fast_lane,
+        context_period,
+        ..options(threads, chunk_scalars, model, weights, token_scale)?
+    };
     let stream =
         py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
@@ -758,6 +765,12 @@ fn map_kernel() -> &'static str {
     speckv::linear_map::kernel_name()
 }
 
+/// Which kernel decodes the fast lane here: "avx512" or "portable" (same output).
+#[pyfunction]
+fn fast_lane_kernel() -> &'static str {
+    speckv::fast_lane::kernel()
+}
+
 /// The CUDA module's sources (`cuda/`), compiled into the extension so that a wheel carries
 /// exactly the source its tests checked: `speckv.cuda` compiles them just in time on a GPU
 /// machine. `(file name, text)` pairs.
@@ -795,6 +808,8 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assemble_predicted, m)?)?;
     m.add_function(wrap_pyfunction!(channel_sums, m)?)?;
     m.add_function(wrap_pyfunction!(map_kernel, m)?)?;
+    m.add_function(wrap_pyfunction!(fast_lane_kernel, m)?)?;
+    m.add("FAST_LANE_CHUNK_SCALARS", speckv::fast_lane::CHUNK_SCALARS)?;
     m.add_class::<PyLinearMap>()?;
     m.add("SpeckvError", py.get_type::<SpeckvError>())?;
     m.add("CorruptStreamError", py.get_type::<CorruptStreamError>())?;

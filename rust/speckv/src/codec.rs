@@ -3,9 +3,10 @@
 use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
+use crate::fast_lane;
 use crate::format::header::{
-    chunk_count, ChunkEntry, Header, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED, FLAG_TOKEN_SCALE, FLAG_TORCH_HINT,
-    MAX_CHUNK_SCALARS, MAX_SCALARS,
+    chunk_count, ChunkEntry, Header, FAST_LANE_VERSION, FLAG_FAST_LANE, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED,
+    FLAG_TOKEN_SCALE, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
 use crate::hash::{checksum, matches, Hasher};
 use crate::joint::{residuals, residuals_of, values_into, Joint};
@@ -35,6 +36,12 @@ pub struct EncodeOptions {
     /// The adaptive token scale of streams coded with the joint model (ignored without one;
     /// `None` codes them with their calibrated sigmas).
     pub token_scale: Option<TokenScale>,
+    /// Code a predictor-free 8/16-bit stream with the fast lane's static tables
+    /// (`crate::fast_lane`, format version 3) instead of the adaptive model.
+    pub fast_lane: bool,
+    /// Scalars per channel cycle: scalar `i` is channel `i mod period` for the predictor-free
+    /// contexts (`None`: the last dimension).
+    pub context_period: Option<u32>,
 }
 
 impl Default for EncodeOptions {
@@ -46,6 +53,8 @@ impl Default for EncodeOptions {
             torch_hint: false,
             model: ModelKind::Exact,
             token_scale: Some(TokenScale::default()),
+            fast_lane: false,
+            context_period: None,
         }
     }
 }
@@ -156,7 +165,11 @@ fn stream_model(
     }
     let (params, kind) = (options.params, options.model);
     params.validate().map_err(|m| Error::InvalidArgument(format!("model parameters: {m}")))?;
-    let period = shape.last().copied().unwrap_or(1).max(1) as usize;
+    let period = match options.context_period {
+        Some(0) => return invalid("context period must be at least 1"),
+        Some(p) => p as usize,
+        None => shape.last().copied().unwrap_or(1).max(1) as usize,
+    };
     let mut model = StreamModel::new(dtype, params, kind, period.min(DEFAULT_RAW_CONTEXTS), period);
     if prediction.is_some_and(|p| p.joint.is_some()) {
         if let Some(scale) = options.token_scale {
@@ -322,6 +335,9 @@ pub fn encode(
 ) -> Result<Vec<u8>> {
     let n = checked_scalars(x, dtype, shape, prediction)?;
     let model = stream_model(dtype, shape, options, prediction)?;
+    if options.fast_lane {
+        return encode_fast_lane(x, model, shape, prediction, options);
+    }
     let chunk = options.chunk_scalars as usize;
     check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
@@ -342,6 +358,34 @@ pub fn encode(
     write_stream(&model, shape, options, flags, payloads, n_chunks)
 }
 
+/// `encode` with `options.fast_lane`: every chunk coded by `fast_lane::encode_chunk`.
+fn encode_fast_lane(
+    x: Bits,
+    mut model: StreamModel,
+    shape: &[u64],
+    prediction: Option<&Prediction>,
+    options: &EncodeOptions,
+) -> Result<Vec<u8>> {
+    if prediction.is_some() {
+        return invalid("fast_lane: the fast lane codes predictor-free streams (no mu/sigma)");
+    }
+    if fast_lane::Split::of(model.dtype).is_none() {
+        return invalid(format!("fast_lane: {} is not an 8- or 16-bit format", model.dtype.name()));
+    }
+    let (n, chunk, period) = (x.len(), options.chunk_scalars as usize, model.context_period);
+    let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
+    let payloads: Vec<Vec<u8>> = with_words!(x, |x| {
+        map_chunks(options.threads, n_chunks, |i| {
+            fast_lane::encode_chunk(&x[i * chunk..((i + 1) * chunk).min(n)], period)
+        })?
+    });
+    // the header's predictor-free contexts and model parameters are unused: 1 and the defaults
+    model.raw_contexts = 1;
+    let options = EncodeOptions { params: ModelParams::default(), ..options.clone() };
+    let payloads = payloads.iter().map(|bytes| (bytes.as_slice(), 0));
+    write_stream(&model, shape, &options, FLAG_FAST_LANE, payloads, n_chunks)
+}
+
 /// The stream of `payloads` (each chunk's bytes and prediction fingerprint, in order): the
 /// header `encode` writes for `model`, `options` and `flags` (with `FLAG_TORCH_HINT` from the
 /// options), then the payloads.
@@ -354,14 +398,15 @@ fn write_stream<'a>(
     n_chunks: usize,
 ) -> Result<Vec<u8>> {
     let predicted = flags & FLAG_PREDICTED != 0;
+    let fast = flags & FLAG_FAST_LANE != 0;
     let mut header = Header {
-        version: crate::format::FORMAT_VERSION,
+        version: if fast { FAST_LANE_VERSION } else { crate::format::FORMAT_VERSION },
         flags: flags | if options.torch_hint { FLAG_TORCH_HINT } else { 0 },
         dtype: model.dtype,
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,
         n_scalars: shape.iter().product(),
-        lanes: LANES as u8,
+        lanes: if fast { fast_lane::STATES as u8 } else { LANES as u8 },
         params: options.params,
         raw_contexts: model.raw_contexts as u16,
         token_scale: model.token_scale,
@@ -457,6 +502,11 @@ pub fn ideal_bits(
 ) -> Result<f64> {
     let n = checked_scalars(x, dtype, shape, prediction)?;
     let model = stream_model(dtype, shape, options, prediction)?;
+    if options.fast_lane {
+        return invalid(
+            "fast_lane: ideal_bits measures the adaptive and predicted models; encode to measure the fast lane",
+        );
+    }
     let chunk = options.chunk_scalars as usize;
     check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = n.div_ceil(chunk);
@@ -535,6 +585,30 @@ fn decode_words<W: Word, const N: usize>(
         } else {
             Err(unclean_end(i))
         }
+    })
+}
+
+/// Decodes the fast-lane chunks of `stream` from `first_chunk` on into `out`, each checked
+/// against its checksum first.
+fn decode_fast_lane<W: Word>(
+    stream: &[u8],
+    header: &Header,
+    out: &mut [W],
+    threads: usize,
+    first_chunk: usize,
+) -> Result<()> {
+    let period = header.context_period as usize;
+    for_each_piece_mut(threads, out, header.chunk_scalars as usize, |piece_index, piece| {
+        let i = first_chunk + piece_index;
+        let c = &header.chunks[i];
+        let bytes = &stream[c.offset as usize..c.offset as usize + c.length as usize];
+        if !matches(bytes, c.checksum) {
+            return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
+        }
+        fast_lane::decode_chunk(bytes, period, piece).map_err(|e| match e {
+            Error::Corrupt(m) => Error::Corrupt(format!("chunk {i}: {m}")),
+            other => other,
+        })
     })
 }
 
@@ -619,6 +693,13 @@ pub fn decode_parsed(
             }
         }
         _ => {}
+    }
+    if header.fast_lane() {
+        return match out {
+            BitsMut::U8(o) => decode_fast_lane(stream, header, o, threads, chunks.start),
+            BitsMut::U16(o) => decode_fast_lane(stream, header, o, threads, chunks.start),
+            BitsMut::U32(_) => Err(Error::Corrupt("the fast lane does not code float32".into())),
+        };
     }
     let mut model = StreamModel::new(
         header.dtype,

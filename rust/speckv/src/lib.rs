@@ -22,6 +22,7 @@ pub mod dtype;
 pub mod error;
 mod exact;
 pub mod exact_tables;
+pub mod fast_lane;
 pub mod format;
 pub mod hash;
 pub mod joint;

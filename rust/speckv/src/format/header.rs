@@ -3,12 +3,12 @@
 //! ```text
 //! offset  size        field
 //! 0       4           magic "SPKV"
-//! 4       2           format version (2; version 1 is read too, see below)
+//! 4       2           format version (2, or 3 with FLAG_FAST_LANE; version 1 is read too)
 //! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL, FLAG_JOINT,
-//!                     FLAG_TOKEN_SCALE; others 0)
+//!                     FLAG_TOKEN_SCALE, FLAG_FAST_LANE; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
-//! 10      1           coder lanes per chunk (8)
+//! 10      1           coder lanes per chunk (8; with FLAG_FAST_LANE, rANS states: 32)
 //! 11      1           reserved, 0
 //! 12      4           scalars per chunk (the last chunk may hold fewer)
 //! 16      8           number of scalars (= product of the shape)
@@ -35,12 +35,17 @@
 //! [len_0 .. len_{N-2}: LEB128, in bytes][lane 0] ... [lane N-1: the rest]
 //! ```
 //!
+//! Version 3 streams (`FLAG_FAST_LANE`, predictor-free 8/16-bit only) hold chunks laid out as
+//! in `fast_lane`; their model parameters are the defaults, their predictor-free contexts 1.
+//! Every other stream is still written as version 2, byte for byte as before.
+//!
 //! Version 1 differs in bytes 10-11 (both 0), in coding each chunk with two lanes
 //! (`chunk::LANES_V1`), and in the payload's lane length (`[lane 0 length in bytes: u32 LE]`);
 //! its models are the same, so this build decodes it as it was written.
 
 use crate::chunk::{ModelKind, LANES, LANES_V1};
 use crate::error::{corrupt, Error, Result};
+use crate::fast_lane;
 use crate::hash::{checksum, matches};
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
@@ -48,7 +53,10 @@ use crate::token_scale::TokenScale;
 use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"SPKV";
+/// The version of every stream this build writes without `FLAG_FAST_LANE`.
 pub const FORMAT_VERSION: u16 = 2;
+/// The version of fast-lane streams (`FLAG_FAST_LANE`), and the newest this build reads.
+pub const FAST_LANE_VERSION: u16 = 3;
 /// The oldest version this build reads.
 pub const OLDEST_READABLE_VERSION: u16 = 1;
 /// The stream was coded against a prediction (`mu`, `sigma`); otherwise predictor-free.
@@ -64,7 +72,10 @@ pub const FLAG_JOINT: u16 = 1 << 3;
 /// Jointly coded layers scale each token's sigmas by its residuals so far
 /// (`crate::token_scale`); the knobs are at +18. Only with `FLAG_JOINT`.
 pub const FLAG_TOKEN_SCALE: u16 = 1 << 4;
-const KNOWN_FLAGS: u16 = FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE;
+/// Predictor-free, coded with the fast lane's static tables (`crate::fast_lane`); version 3.
+pub const FLAG_FAST_LANE: u16 = 1 << 5;
+const KNOWN_FLAGS: u16 =
+    FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE | FLAG_FAST_LANE;
 
 const FIXED_LEN: usize = 24;
 const MODEL_PARAMS_LEN: usize = 16;
@@ -80,7 +91,8 @@ pub const MAX_CHUNK_SCALARS: u32 = 1 << 24;
 /// Largest number of predictor-free contexts.
 pub const MAX_RAW_CONTEXTS: u16 = 256;
 /// Every coded scalar costs at least `-log2(1 - 2^-12)` bits (escape weight and adaptive
-/// floors, see `ModelParams::validate` and `model::adaptive`), fewer than 2^15 per byte; a chunk
+/// floors, see `ModelParams::validate` and `model::adaptive`; in the fast lane at least
+/// `-log2(1 - 2^-10)`, `fast_lane` invariant F3), fewer than 2^15 per byte; a chunk
 /// claiming more scalars than `(length + 8 * lanes) << 15` is corrupt (slack for the coders' final words). This bounds the output a small
 /// stream can make a decoder allocate.
 pub const MAX_SCALARS_PER_BYTE_LOG2: u32 = 15;
@@ -198,6 +210,11 @@ fn read_params(r: &mut Reader) -> Result<ModelParams> {
 }
 
 impl Header {
+    /// Coded with the fast lane (`FLAG_FAST_LANE`).
+    pub fn fast_lane(&self) -> bool {
+        self.flags & FLAG_FAST_LANE != 0
+    }
+
     pub fn predicted(&self) -> bool {
         self.flags & FLAG_PREDICTED != 0
     }
@@ -266,14 +283,24 @@ impl Header {
         }
         r.take(4)?;
         let version = r.u16()?;
-        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
+        if !(OLDEST_READABLE_VERSION..=FAST_LANE_VERSION).contains(&version) {
             return Err(Error::Unsupported(format!(
-                "format version {version}; this build reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}"
+                "format version {version}; this build reads versions {OLDEST_READABLE_VERSION} to {FAST_LANE_VERSION}"
             )));
         }
         let flags = r.u16()?;
         if flags & !KNOWN_FLAGS != 0 {
             return Err(Error::Unsupported(format!("unknown flags {flags:#06x}")));
+        }
+        let fast = flags & FLAG_FAST_LANE != 0;
+        if fast != (version == FAST_LANE_VERSION) {
+            return corrupt(format!(
+                "version {version} with the fast-lane flag {}",
+                if fast { "set" } else { "clear" }
+            ));
+        }
+        if fast && flags & (FLAG_PREDICTED | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE) != 0 {
+            return corrupt("the fast lane codes predictor-free streams only");
         }
         let dtype_code = r.u8()?;
         let ndim = r.u8()? as usize;
@@ -282,10 +309,14 @@ impl Header {
         }
         let lanes = match (version, r.u8()?, r.u8()?) {
             (1, 0, 0) => LANES_V1 as u8,
-            (_, lanes, 0) if version > 1 && lanes as usize == LANES => lanes,
+            (_, lanes, 0) if fast && lanes as usize == fast_lane::STATES => lanes,
+            (_, lanes, 0) if version > 1 && !fast && lanes as usize == LANES => lanes,
             (1, _, _) | (_, _, 1..) => return corrupt("reserved header bytes are not zero"),
             (_, lanes, _) => {
-                return Err(Error::Unsupported(format!("{lanes} coder lanes per chunk; this build reads {LANES}")))
+                return Err(Error::Unsupported(format!(
+                    "{lanes} coder lanes per chunk; this build reads {LANES} ({} in the fast lane)",
+                    fast_lane::STATES
+                )))
             }
         };
         let chunk_scalars = r.u32()?;
@@ -340,6 +371,9 @@ impl Header {
         if flags & FLAG_TOKEN_SCALE != 0 && flags & FLAG_JOINT == 0 {
             return corrupt("the token scale is set on a stream without the joint model");
         }
+        if fast && fast_lane::Split::of(dtype).is_none() {
+            return corrupt(format!("the fast lane does not code {}", dtype.name()));
+        }
         if flags & FLAG_PREDICTED != 0 && dtype.bits() > 16 && flags & FLAG_FAST_MODEL == 0 {
             return corrupt("float32 streams are coded with the fast model, but the flag is missing");
         }
@@ -373,7 +407,11 @@ impl Header {
             // plus every coder's final word at least (whole in version 1, one byte or more
             // in version 2; see `codec::join_lanes`).
             let lanes = lanes as u32;
-            let shortest = if version == 1 { 4 * (2 * lanes - 1) } else { (lanes - 1) + lanes };
+            let shortest = match version {
+                1 => 4 * (2 * lanes - 1),
+                FAST_LANE_VERSION => fast_lane::MIN_CHUNK_LEN as u32,
+                _ => (lanes - 1) + lanes,
+            };
             if c.length < shortest || (version == 1 && c.length % 4 != 0) {
                 return corrupt(format!("chunk {i} has length {}", c.length));
             }
