@@ -121,9 +121,12 @@ def test_huge_shape_is_refused_without_allocating():
 
 def test_unknown_version_and_flags():
     _, pred, stream = small_case()
-    for version in (0, speckv.FORMAT_VERSION + 1):
+    for version in (0, speckv.FAST_LANE_VERSION + 1):
         with pytest.raises(speckv.UnsupportedStreamError, match=f"format version {version}"):
             speckv.decode(stream[:4] + struct.pack("<H", version) + stream[6:], *pred)
+    # version 3 is the fast lane's: a stream claiming it without the flag (or the reverse) is forged
+    with pytest.raises(speckv.CorruptStreamError, match="fast-lane flag clear"):
+        speckv.decode(forge(stream, lambda h: h.__setitem__(slice(4, 6), struct.pack("<H", 3))), *pred)
     with pytest.raises(speckv.UnsupportedStreamError, match="16 coder lanes"):
         speckv.decode(forge(stream, lambda h: h.__setitem__(10, 16)), *pred)
     with pytest.raises(speckv.CorruptStreamError, match="reserved"):
@@ -208,8 +211,9 @@ def test_golden_stream_freezes_format_v2():
     assert xxhash.xxh3_64_hexdigest(stream) == GOLDEN_PREDICTED, xxhash.xxh3_64_hexdigest(stream)
     assert stream.hex() == GOLDEN_HEX
     assert speckv.info(stream)["version"] == 2 and speckv.info(stream)["lanes"] == 8
-    free = speckv.encode(x)
+    free = speckv.encode(x, lane="adaptive")
     assert xxhash.xxh3_64_hexdigest(free) == GOLDEN_FREE, xxhash.xxh3_64_hexdigest(free)
+    assert speckv.info(free)["version"] == 2
     fast = speckv.encode(x, mu, sigma, model="fast")
     assert xxhash.xxh3_64_hexdigest(fast) == GOLDEN_FAST, xxhash.xxh3_64_hexdigest(fast)
 

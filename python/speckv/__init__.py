@@ -30,6 +30,7 @@ from ._api import (
 )
 from ._arrays import SUPPORTED_DTYPES
 from ._speckv import (
+    FAST_LANE_VERSION,
     FORMAT_VERSION,
     ChecksumError,
     CorruptStreamError,
@@ -42,6 +43,7 @@ from ._speckv import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "FAST_LANE_VERSION",
     "FORMAT_VERSION",
     "SUPPORTED_DTYPES",
     "THREADS_ENV",

@@ -13,6 +13,7 @@ from . import _arrays, _speckv
 THREADS_ENV = "SPECKV_NUM_THREADS"
 
 Model = Literal["exact", "fast"]
+Lane = Literal["fast", "adaptive"]
 
 
 _EMPTY = np.zeros(0, np.float32)
@@ -171,6 +172,8 @@ def encode(
     chunk_size: int | None = None,
     model: Model = "exact",
     joint: Joint | None = None,
+    lane: Lane | None = None,
+    channels: int | None = None,
 ) -> bytes:
     """Compress `x` losslessly, against the prediction `mu` with typical error `sigma` if given.
 
@@ -178,14 +181,24 @@ def encode(
     `mu` has x's shape and any float dtype (it is rounded to float32 once); `sigma` holds
     positive floats broadcastable to x's shape (a per-channel vector is the usual case), or
     give ``sigma_codes=`` (int16, from `sigma_codes`) instead. Give the same `mu` and `sigma`
-    to `decode`. Without them, a predictor-free adaptive model is used.
+    to `decode`.
+
+    Without them the stream is predictor-free, coded by one of two lanes (`lane`; `decode`
+    needs no hint): ``"fast"`` (the default for 8- and 16-bit formats; format version 3)
+    fixes per chunk a few static tables of the patterns' sign and exponent bits, each shared
+    by the channels whose distributions are alike, and decodes by table lookups (hundreds of
+    millions of scalars per second per core); ``"adaptive"`` (float32, and older streams)
+    adapts its counts scalar by scalar, slower. Scalar ``i`` is channel ``i % channels``
+    (default: the last dimension; for a layout ``[..., tokens, heads, head_dim]`` give
+    ``heads * head_dim``).
 
     `model` picks how predicted scalars are coded (the stream records it; `decode` needs no
     hint): ``"exact"`` integrates the Gaussian mixture over each value's rounding interval
     around the float32 `mu` (smallest output; the default), ``"fast"`` counts the residual in
     ulps of `mu` rounded to x's dtype and codes it from precomputed tables (faster to decode,
     a few percent larger where sigma spans binades). float32 always uses ``"fast"``.
-    `chunk_size` sets the scalars per independently coded chunk.
+    `chunk_size` sets the scalars per independently coded chunk (default 2^17; 2^16 in the
+    fast lane, whose tables are per chunk).
 
     >>> import numpy as np, ml_dtypes, speckv
     >>> x = np.linspace(-1, 1, 4096, dtype=np.float32).astype(ml_dtypes.bfloat16)
@@ -193,15 +206,34 @@ def encode(
     >>> bool((speckv.decode(data).view(np.uint16) == x.view(np.uint16)).all())
     True
     """
+    args = _coding_args(x, mu, sigma, sigma_codes)
+    fast = _fast_lane(lane, args[1], predicted=args[3] is not None or args[5] is not None)
+    default_chunk = _speckv.FAST_LANE_CHUNK_SCALARS if fast else _speckv.DEFAULT_CHUNK_SCALARS
+    if channels is not None and (isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1):
+        raise ValueError(f"channels: expected a positive int, got {channels!r}")
     return _speckv.encode(
-        *_coding_args(x, mu, sigma, sigma_codes),
+        *args,
         threads=resolve_threads(threads),
-        chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
+        chunk_scalars=default_chunk if chunk_size is None else int(chunk_size),
         torch_hint=_arrays.is_torch(x),
         model=_check_model(model),
         joint=None if joint is None else joint.args(),
         token_scale=_token_scale(joint),
+        fast_lane=fast,
+        context_period=None if channels is None else int(channels),
     )
+
+
+def _fast_lane(lane: Lane | None, dtype_name: str, *, predicted: bool) -> bool:
+    """Whether a stream goes through the fast lane: predictor-free 8/16-bit streams unless
+    ``lane="adaptive"``; ``lane="fast"`` elsewhere is an error."""
+    if lane not in (None, "fast", "adaptive"):
+        raise ValueError(f"lane: expected 'fast', 'adaptive' or None, got {lane!r}")
+    codable = not predicted and dtype_name != "float32"
+    if lane == "fast" and not codable:
+        why = "coded against mu/sigma" if predicted else "float32"
+        raise ValueError(f"lane='fast': the fast lane codes predictor-free 8- and 16-bit streams, not {why} ones")
+    return codable and lane != "adaptive"
 
 
 def _token_scale(joint: Joint | None) -> tuple[int, int] | None:

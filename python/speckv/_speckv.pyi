@@ -6,8 +6,10 @@ import numpy as np
 import numpy.typing as npt
 
 FORMAT_VERSION: int
+FAST_LANE_VERSION: int
 CONTAINER_VERSION: int
 DEFAULT_CHUNK_SCALARS: int
+FAST_LANE_CHUNK_SCALARS: int
 LINEAR_MAP_MAX_SHIFT: int
 DEFAULT_WEIGHTS: tuple[int, int, int]
 
@@ -40,6 +42,8 @@ def encode(
     weights: tuple[int, int, int] | None = None,
     joint: _Joint | None = None,
     token_scale: tuple[int, int] | None = None,
+    fast_lane: bool = False,
+    context_period: int | None = None,
 ) -> bytes: ...
 def ideal_bits(
     x: _Words,
@@ -78,6 +82,7 @@ def relative_sigma_codes(
 ) -> npt.NDArray[np.int16]: ...
 def kernels() -> str: ...
 def map_kernel() -> str: ...
+def fast_lane_kernel() -> str: ...
 
 @final
 class LinearMap:

@@ -377,6 +377,7 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
     d.set_item("predicted", h.predicted())?;
     d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
     d.set_item("model", h.model_name())?;
+    d.set_item("lane", if h.predicted() { None } else if h.fast_lane() { Some("fast") } else { Some("adaptive") })?;
     d.set_item("joint", h.flags & speckv::format::header::FLAG_JOINT != 0)?;
     d.set_item("token_scale", h.token_scale.map(|s| (s.prior, s.clamp)))?;
     d.set_item("lanes", h.lanes)?;
@@ -817,6 +818,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UnsupportedStreamError", py.get_type::<UnsupportedStreamError>())?;
     m.add("PredictionMismatchError", py.get_type::<PredictionMismatchError>())?;
     m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
+    m.add("FAST_LANE_VERSION", speckv::format::header::FAST_LANE_VERSION)?;
     m.add("CONTAINER_VERSION", speckv::format::CONTAINER_VERSION)?;
     m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
     m.add("LINEAR_MAP_MAX_SHIFT", speckv::linear_map::MAX_SHIFT)?;

@@ -1,0 +1,141 @@
+"""The fast lane (``rust/speckv/src/fast_lane.rs``): predictor-free 8/16-bit streams coded with
+static per-chunk tables. Exact for every pattern, shape, chunk size, channel period and thread
+count; the same bytes whatever kernel decodes; the format pinned by goldens; damage refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import speckv
+from helpers import DTYPES, as_dtype, bit_arrays, same_bits, shapes
+
+LANE_DTYPES = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
+
+
+def kv_like(seed: int, tokens: int = 512, channels: int = 64, dtype=ml_dtypes.bfloat16) -> np.ndarray:
+    """Channels of very different scales and means, as in a KV cache: [2, tokens, channels]."""
+    rng = np.random.default_rng(seed)
+    scale = np.exp(rng.normal(-2.0, 1.5, channels)).astype(np.float32)
+    mean = (rng.normal(0, 1, channels) * scale * (rng.random(channels) < 0.2)).astype(np.float32)
+    x = rng.standard_normal((2, tokens, channels)).astype(np.float32) * scale + mean
+    return x.astype(dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(LANE_DTYPES),
+    data=st.data(),
+    chunk=st.sampled_from([None, 1, 31, 33, 100, 1024]),
+    channels=st.one_of(st.none(), st.integers(1, 70)),
+)
+def test_every_pattern_round_trips_whatever_the_chunks_and_channels(name, data, chunk, channels):
+    word = DTYPES[name][1]
+    x = as_dtype(data.draw(bit_arrays(word, shapes)), name)
+    stream = speckv.encode(x, chunk_size=chunk, channels=channels)
+    assert speckv.info(stream)["lane"] == "fast" and speckv.info(stream)["version"] == speckv.FAST_LANE_VERSION
+    assert same_bits(speckv.decode(stream), x)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), chunk=st.sampled_from([4096, 20000, 65536]), threads=st.sampled_from([2, 3]))
+def test_bytes_never_depend_on_the_thread_count(seed, chunk, threads):
+    # several chunks, so the threads really split the work
+    x = kv_like(seed, tokens=1200)
+    one = speckv.encode(x, chunk_size=chunk, threads=1)
+    assert speckv.info(one)["chunks"] > 1
+    assert speckv.encode(x, chunk_size=chunk, threads=threads) == one
+    assert same_bits(speckv.decode(one, threads=threads), x)
+
+
+def test_every_16_bit_pattern_and_a_constant_round_trip():
+    for name in ("bfloat16", "float16"):
+        x = np.arange(1 << 16, dtype=np.uint16).view(DTYPES[name][0]).reshape(256, 256)
+        assert same_bits(speckv.decode(speckv.encode(x)), x)
+    for name in LANE_DTYPES:
+        zeros = np.zeros((3, 70000), dtype=DTYPES[name][0])
+        assert same_bits(speckv.decode(speckv.encode(zeros)), zeros)
+
+
+def test_tables_per_channel_group_beat_the_adaptive_lane_and_zstd():
+    import zstandard
+
+    x = kv_like(1, tokens=2048)
+    fast = len(speckv.encode(x))
+    adaptive = len(speckv.encode(x, lane="adaptive"))
+    one_channel = len(speckv.encode(x, channels=1))
+    zstd = len(zstandard.ZstdCompressor(level=19).compress(x.tobytes()))
+    assert fast < adaptive and fast < one_channel and fast < zstd, (fast, adaptive, one_channel, zstd)
+
+
+def test_the_same_output_under_every_kernel():
+    """A stream decoded by the AVX-512 kernel and by the portable code (SPECKV_SIMD=0, in a
+    child process) gives the same bits; the child asserts the portable code ran."""
+    x = kv_like(5, tokens=1500)
+    stream = speckv.encode(x, chunk_size=50000)
+    digest = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(speckv.decode(stream)).view(np.uint16).tobytes())
+    assert digest == xxhash.xxh3_64_hexdigest(x.view(np.uint16).tobytes())
+    code = (
+        "import sys, numpy as np, xxhash, speckv\n"
+        "from speckv import _speckv\n"
+        "assert _speckv.fast_lane_kernel() == 'portable', _speckv.fast_lane_kernel()\n"
+        "y = speckv.decode(sys.stdin.buffer.read())\n"
+        "print(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(y).view(np.uint16).tobytes()))\n"
+    )
+    env = {**os.environ, "SPECKV_SIMD": "0"}
+    out = subprocess.run([sys.executable, "-c", code], input=stream, capture_output=True, env=env, check=True)
+    assert out.stdout.decode().strip() == digest
+
+
+def test_damage_is_refused_with_a_typed_error():
+    x = kv_like(2, tokens=64)
+    stream = speckv.encode(x, chunk_size=1000)
+    for i in range(0, len(stream), 7):
+        bad = bytearray(stream)
+        bad[i] ^= 0x41
+        with pytest.raises((speckv.CorruptStreamError, speckv.UnsupportedStreamError)):
+            speckv.decode(bytes(bad))
+    for cut in (0, 10, len(stream) // 2, len(stream) - 1):
+        with pytest.raises((speckv.CorruptStreamError, speckv.UnsupportedStreamError)):
+            speckv.decode(stream[:cut])
+
+
+def test_lane_arguments_are_checked():
+    x = kv_like(3, tokens=8)
+    mu = x.astype(np.float32)
+    with pytest.raises(ValueError, match="predictor-free"):
+        speckv.encode(x, mu, np.ones(64, np.float32), lane="fast")
+    with pytest.raises(ValueError, match="float32"):
+        speckv.encode(mu, lane="fast")
+    with pytest.raises(ValueError, match="lane"):
+        speckv.encode(x, lane="quick")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="channels"):
+        speckv.encode(x, channels=0)
+    # predicted and float32 streams keep their models
+    assert speckv.info(speckv.encode(x, mu, np.ones(64, np.float32)))["lane"] is None
+    assert speckv.info(speckv.encode(mu))["lane"] == "adaptive"
+
+
+def _golden_case() -> list[np.ndarray]:
+    bf16 = kv_like(2026, tokens=1100)  # 140,800 scalars: three chunks, the last short
+    fp8 = kv_like(2027, tokens=700, dtype=ml_dtypes.float8_e4m3fn)
+    f16 = kv_like(2028, tokens=300, channels=48, dtype=np.float16)
+    return [bf16, fp8, f16]
+
+
+def test_golden_streams_freeze_format_v3():
+    """A change here is a format change: bump FAST_LANE_VERSION and keep reading the old ones.
+    Multi-chunk streams of each width, built from fixed seeds."""
+    digests = [xxhash.xxh3_64_hexdigest(speckv.encode(x)) for x in _golden_case()]
+    assert digests == GOLDEN_FAST_LANE, digests
+
+
+GOLDEN_FAST_LANE = ["c06395784d477b62", "4803f8980da12ca0", "06030ff83914c8c8"]
