@@ -377,7 +377,16 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
     d.set_item("predicted", h.predicted())?;
     d.set_item("torch_hint", h.flags & speckv::format::header::FLAG_TORCH_HINT != 0)?;
     d.set_item("model", h.model_name())?;
-    d.set_item("lane", if h.predicted() { None } else if h.fast_lane() { Some("fast") } else { Some("adaptive") })?;
+    d.set_item(
+        "lane",
+        if h.predicted() {
+            None
+        } else if h.fast_lane() {
+            Some("fast")
+        } else {
+            Some("adaptive")
+        },
+    )?;
     d.set_item("joint", h.flags & speckv::format::header::FLAG_JOINT != 0)?;
     d.set_item("token_scale", h.token_scale.map(|s| (s.prior, s.clamp)))?;
     d.set_item("lanes", h.lanes)?;

@@ -406,24 +406,30 @@ impl Coding {
     }
 }
 
-/// The encoder's view of a chunk's tables: `Coding` per (table, symbol).
-struct EncodeTables {
+/// The encoder's view of a chunk's tables: `Coding` per (table, symbol), and the same as
+/// `f | c << 16` for the vector encoder.
+pub(crate) struct EncodeTables {
     width: usize,
     coding: Vec<Coding>,
+    pub(crate) packed: Vec<u32>,
 }
 
 impl EncodeTables {
     fn new(tables: &[Table], split: Split) -> EncodeTables {
         let width = 1usize << split.symbol_bits;
         let mut coding = vec![Coding::default(); tables.len() * width];
+        // symbols a table lacks never occur in its channels; 1 keeps the vector code's
+        // division defined in lanes it discards
+        let mut packed = vec![1u32; tables.len() * width];
         for (t, table) in tables.iter().enumerate() {
             let mut c = 0u32;
             for (&s, &f) in table.symbols.iter().zip(&table.freqs) {
                 coding[t * width + s as usize] = Coding::new(f as u32, c, split);
+                packed[t * width + s as usize] = f as u32 | c << 16;
                 c += f as u32;
             }
         }
-        EncodeTables { width, coding }
+        EncodeTables { width, coding, packed }
     }
 }
 
@@ -526,36 +532,39 @@ pub fn encode_chunk<W: Word>(x: &[W], period: usize) -> Result<Vec<u8>> {
     }
     Ok(SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scratch) => {
-            let out = encode_with(x, split, period, &mut scratch);
+            let out = encode_with(x, split, period, &mut scratch, vector_kernel());
             if scratch.words.capacity() > 4 * CHUNK_SCALARS as usize {
                 *scratch = Scratch::default();
             }
             out
         }
-        Err(_) => encode_with(x, split, period, &mut Scratch::default()),
+        Err(_) => encode_with(x, split, period, &mut Scratch::default(), vector_kernel()),
     }))
 }
 
 /// `split` is `split_of::<W>()`: constants once this is monomorphised and inlined.
 #[inline(always)]
-fn encode_with<W: Word>(x: &[W], split: Split, period: usize, scratch: &mut Scratch) -> Vec<u8> {
+fn encode_with<W: Word>(x: &[W], split: Split, period: usize, scratch: &mut Scratch, vector: bool) -> Vec<u8> {
     let k = channels(period, x.len());
     let (tables, ids) = choose_tables(x, k, split, &mut scratch.hist);
     let enc = EncodeTables::new(&tables, split);
     let r = split.raw_bits;
     let raw_mask = (1u32 << r) - 1;
     let mut state = [LOW; STATES];
-    // at most one word per scalar (F1); written without a branch, which the coin-flip
-    // renormalisation would mispredict half the time
+    // at most one word per scalar (F1), and room for a vector store's sixteen; written
+    // without a branch, which the coin-flip renormalisation would mispredict half the time
     let words = &mut scratch.words;
     words.clear();
-    words.resize(x.len(), 0);
+    words.resize(x.len() + 16, 0);
     let mut n_words = 0usize;
     // per channel, the offset of its table's codings
     let base: Vec<usize> = ids.iter().map(|&t| t as usize * enc.width).collect();
+    // the vector encoder takes the whole steps of STATES scalars, after (backwards: before)
+    // the last partial step, which the scalar loop codes first
+    let whole = if vector { x.len() / STATES * STATES } else { 0 };
     // F1, backwards; F2: scalar j in state j mod STATES, channel j mod k
     let mut channel = x.len().saturating_sub(1) % k;
-    for j in (0..x.len()).rev() {
+    for j in (whole..x.len()).rev() {
         let w = x[j].to_u32();
         let code = enc.coding[base[channel] + (w >> r) as usize];
         channel = if channel == 0 { k - 1 } else { channel - 1 };
@@ -566,6 +575,13 @@ fn encode_with<W: Word>(x: &[W], split: Split, period: usize, scratch: &mut Scra
         *s >>= 16 * emit as u32;
         let q = code.quotient(*s);
         *s = ((s.wrapping_add(code.start) << r) | (w & raw_mask)).wrapping_add(q.wrapping_mul(code.cmpl));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if whole > 0 && avx512::enabled() {
+        let wrapped: Vec<u32> = (0..k + 16).map(|c| base[c % k] as u32).collect();
+        // SAFETY: `enabled` checked for AVX-512F; `words` has x.len() + 16 entries and at
+        // most one word per scalar is written before `n_words`.
+        n_words = unsafe { avx512::encode(&x[..whole], split, &enc.packed, &wrapped, &mut state, words, n_words) };
     }
     let words = &words[..n_words];
     let mut out = Vec::with_capacity(2 + 64 * tables.len() + k / 2 + 4 * STATES + 2 * words.len());
@@ -684,6 +700,14 @@ pub(crate) fn decode_from<W: Word>(
     Ok(pos)
 }
 
+/// Whether the vector kernels run here.
+fn vector_kernel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx512::enabled();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Which kernel decodes the fast lane here: `"avx512"` or `"portable"` (same output).
 pub fn kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
@@ -772,6 +796,30 @@ mod tests {
             assert!(t.freqs.iter().all(|&f| f >= 1));
             for (s, &c) in counts.iter().enumerate() {
                 assert!(c == 0 || t.symbols.contains(&(s as u16)));
+            }
+        }
+    }
+
+    #[test]
+    fn the_vector_encoder_writes_the_portable_bytes() {
+        if !vector_kernel() {
+            // nothing to compare on this host; a CI host that has AVX-512 names it
+            let required = std::env::var("SPECKV_REQUIRE").unwrap_or_default();
+            assert!(!required.split(',').any(|s| s.trim() == "avx512"), "SPECKV_REQUIRE=avx512, but no AVX-512 here");
+            eprintln!("skipped: no AVX-512 here, only the portable encoder runs");
+            return;
+        }
+        let mut next = lcg(5);
+        for n in [32usize, 33, 64, 1000, 4096, 70001] {
+            for period in [1usize, 7, 16, 64, 100] {
+                let x: Vec<u16> = (0..n).map(|j| 0x3c00 + ((next() % 300) as u16) * (1 + (j % 3) as u16)).collect();
+                let split = split_of::<u16>().unwrap();
+                let portable = encode_with(&x, split, period, &mut Scratch::default(), false);
+                assert_eq!(encode_with(&x, split, period, &mut Scratch::default(), true), portable, "{n} {period}");
+                let y: Vec<u8> = x.iter().map(|&v| v as u8).collect();
+                let split = split_of::<u8>().unwrap();
+                let portable = encode_with(&y, split, period, &mut Scratch::default(), false);
+                assert_eq!(encode_with(&y, split, period, &mut Scratch::default(), true), portable, "{n} {period}");
             }
         }
     }
