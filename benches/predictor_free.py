@@ -48,7 +48,9 @@ def _row(name: str, size: int, n: int, te: float | None, td: float | None, exact
     }
 
 
-def measure(x: np.ndarray, repeat: int = 5, threads_all: int | None = None, channels: int | None = None) -> list[dict[str, Any]]:
+def measure(
+    x: np.ndarray, repeat: int = 5, threads_all: int | None = None, channels: int | None = None
+) -> list[dict[str, Any]]:
     """Rows (name, bits per scalar, encode/decode Msym/s, exact) for `x` (8/16-bit)."""
     threads_all = threads_all or os.cpu_count() or 1
     n = x.size
@@ -83,8 +85,8 @@ def measure(x: np.ndarray, repeat: int = 5, threads_all: int | None = None, chan
     blob = raw.tobytes()
     for level in (3, 19):
         cctx, dctx = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
-        te, c = best_time(lambda: cctx.compress(blob), 1 if level == 19 else repeat)
-        td, back = best_time(lambda: dctx.decompress(c), repeat)
+        te, c = best_time(lambda cctx=cctx: cctx.compress(blob), 1 if level == 19 else repeat)
+        td, back = best_time(lambda dctx=dctx, c=c: dctx.decompress(c), repeat)
         rows.append(_row(f"zstd -{level}", len(c), n, te, td, back == blob))
 
     try:

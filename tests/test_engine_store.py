@@ -178,3 +178,49 @@ def test_engine_store_with_channel_statistics_needs_no_weights(checkpoint, tmp_p
         for (k, v), (k2, v2) in zip(kv, back):
             assert torch.equal(k2, k[:, :, :32]) and torch.equal(v2, v[:, :, :32])
     assert store.prefix.stats()["blocks"] == 3  # the shared block once
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_engine_store_without_a_calibration_codes_predictor_free(checkpoint, dtype, tmp_path):
+    """``calibration=None``: the fast lane, no weights and no calibration; bit for bit, the
+    shared block stored once, damage a logged miss, and the stored size well under the raw."""
+    from speckv.store import DirectoryBackend
+
+    folder, _, model = checkpoint
+    store = EngineStore(folder, None, str(tmp_path / "s"), block_size=BLOCK, cache_dtype=dtype)
+    config = model.config
+    assert store.codec is None
+    assert store.kv_spec == (
+        config.num_hidden_layers,
+        config.num_key_value_heads,
+        config.hidden_size // config.num_attention_heads,
+    )
+    a = ids(40, 7)[0].tolist()
+    b = a[:16] + ids(40, 8)[0].tolist()[:24]
+    for prompt in (a, b):
+        kv = [(k.to(dtype), v.to(dtype)) for k, v in other_kernels(model, torch.tensor([prompt]))]
+        assert store.match(prompt) in (0, 16)
+        store.save(prompt, kv)
+        assert store.match(prompt) == 32
+        back, n = store.load(prompt)
+        assert n == 32 and len(back) == len(kv)
+        for (k, v), (k2, v2) in zip(kv, back):
+            assert k2.dtype == dtype and torch.equal(k2.view(torch.int16), k[:, :, :32].contiguous().view(torch.int16))
+            assert torch.equal(v2.view(torch.int16), v[:, :, :32].contiguous().view(torch.int16))
+    stats = store.prefix.stats()
+    assert stats["blocks"] == 3
+    raw = 2 * sum(k[:, :, :16].numel() + v[:, :, :16].numel() for k, v in kv)
+    assert stats["bytes"] < 3 * raw
+    # a damaged entry ends the prefix (a logged miss, never a raise)
+    backend = DirectoryBackend(str(tmp_path / "s"))
+    key = store.prefix.keys(torch.tensor([a]))[1]
+    entry = bytearray(backend.get(key))
+    entry[-5] ^= 1
+    backend.delete(key)
+    backend.put(key, bytes(entry))
+    assert store.match(a) == 16 and store.load(a)[1] == 16
+    # another model's (or coding's) namespace never serves these blocks
+    other = EngineStore(folder, None, str(tmp_path / "s"), block_size=BLOCK * 2, cache_dtype=dtype)
+    assert other.match(a) == 0
+    with pytest.raises(ValueError, match="fp8"):
+        EngineStore(folder, None, MemoryBackend(), block_size=BLOCK, cache_dtype=torch.float8_e4m3fn)

@@ -160,3 +160,42 @@ def test_an_unreachable_store_falls_back_to_recompute(engine, runs):
     run = engine.run("speckv", "redis://127.0.0.1:9/0", dtype=runs["dtype"])
     assert run["outputs"] == runs["none"]["outputs"]
     assert "falling back to recompute" in run["log"]
+
+
+@pytest.fixture(scope="module")
+def free_runs(engine, tmp_path_factory):
+    """The predictor-free connector (no calibration: ``predictor="none"``): storing, then a
+    restart hitting."""
+    store = tmp_path_factory.mktemp("store-free")
+    free = {"extra": {"predictor": "none"}}
+    return {
+        "store": store,
+        "none": engine.run("none"),
+        "stored": engine.run("speckv", str(store), record=True, **free),
+        "hit": engine.run("speckv", str(store), record=True, **free),
+    }
+
+
+def test_the_predictor_free_connector_restores_bit_for_bit(free_runs):
+    assert free_runs["stored"]["outputs"] == free_runs["none"]["outputs"]
+    assert free_runs["hit"]["outputs"] == free_runs["none"]["outputs"]
+    stored, injected = _records(free_runs["stored"], "stored"), _records(free_runs["hit"], "injected")
+    assert len(stored) >= 1 and len(injected) == 3
+    first = stored[sorted(stored, key=lambda r: int(r.split("_")[0]))[0]]
+    for layers in injected.values():
+        for layer, (k, v) in layers.items():
+            assert torch.equal(k, first[layer][0][:, :, : 2 * BLOCK]) and torch.equal(
+                v, first[layer][1][:, :, : 2 * BLOCK]
+            )
+    files = list(Path(free_runs["store"]).rglob("*.spkb"))
+    per_block = 30 * 2 * 3 * 64 * BLOCK * 2
+    assert len(files) == 2 and all(f.stat().st_size < 0.75 * per_block for f in files)
+
+
+def test_the_predictor_free_connector_refuses_foreign_entries(engine, free_runs, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(free_runs["store"], store)
+    _swap_payloads(*sorted(store.rglob("*.spkb")))
+    run = engine.run("speckv", str(store), record=True, extra={"predictor": "none"})
+    assert run["outputs"] == free_runs["none"]["outputs"]
+    assert "could not be served" in run["log"] and not _records(run, "injected")

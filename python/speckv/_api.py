@@ -209,7 +209,9 @@ def encode(
     args = _coding_args(x, mu, sigma, sigma_codes)
     fast = _fast_lane(lane, args[1], predicted=args[3] is not None or args[5] is not None)
     default_chunk = _speckv.FAST_LANE_CHUNK_SCALARS if fast else _speckv.DEFAULT_CHUNK_SCALARS
-    if channels is not None and (isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1):
+    if channels is not None and (
+        isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1
+    ):
         raise ValueError(f"channels: expected a positive int, got {channels!r}")
     return _speckv.encode(
         *args,

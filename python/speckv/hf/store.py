@@ -25,8 +25,6 @@ whose layers hold every token of the prefix, which the model reads through the s
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import torch
@@ -34,6 +32,8 @@ import torch
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, StoreError, pack_entry, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
+from .block_chain import BlockChain, chain_keys
+from .block_chain import prompt_ids as _ids
 from .cache import build_cache, cache_argument
 from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
 from .predictors import ChannelStatsPredictor, describe
@@ -43,7 +43,7 @@ DEFAULT_BLOCK_SIZE = 256
 STORE_FORMAT = 1
 
 
-class PrefixStore:
+class PrefixStore(BlockChain):
     """Compressed prefix caches of ``codec``'s model in ``backend``.
 
     >>> store = PrefixStore(codec, DirectoryBackend("kv-store"))   # doctest: +SKIP
@@ -69,55 +69,21 @@ class PrefixStore:
             )
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
-        if block_size < 1:
-            raise ValueError(f"block_size: must be at least 1, got {block_size}")
-        self.codec = codec
-        # the model's prefix walks the blocks in order, carrying its state; per-channel
-        # statistics predict a block from nothing (None: no state to carry)
-        self._walker = codec.predictor if isinstance(codec.predictor, ModelPrefixPredictor) else None
-        self.backend = backend
-        self.block_size = int(block_size)
-        self.dtype = dtype
-        self.threads = threads
         identity = {
             "format": STORE_FORMAT,
             "model": codec.fingerprint,
             "calibration": codec._calibration().digest(),
             "predictor": describe(codec.predictor),
             "dtype": dtype,
-            "block_size": self.block_size,
+            "block_size": int(block_size),
         }
-        self.namespace = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=16).digest()
-        self._stats = {
-            "hits": 0,
-            "misses": 0,
-            "tokens_put": 0,
-            "tokens_deduplicated": 0,
-            "corrupt_entries": 0,
-            "store_errors": 0,
-        }
-
-    # -- keys --------------------------------------------------------------------------
-    def keys(self, input_ids: torch.Tensor) -> list[str]:
-        """The chain of keys of ``input_ids``'s whole blocks."""
-        return chain_keys(self.namespace, _ids(input_ids), self.block_size)
-
-    def match(self, input_ids: torch.Tensor) -> int:
-        """Tokens of the longest stored block-aligned prefix of ``input_ids`` whose entries are
-        readable and intact (each read and its checksum checked; nothing decoded): what ``get``
-        serves unless an entry changes in between."""
-        n = 0
-        for key in self.keys(input_ids):
-            try:
-                raw = self.backend.get(key)
-                if raw is None:
-                    break
-                unpack_entry(raw, key)
-            except (CorruptStreamError, StoreError) as e:
-                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
-                break
-            n += self.block_size
-        return n
+        super().__init__(backend, block_size, identity)
+        self.codec = codec
+        # the model's prefix walks the blocks in order, carrying its state; per-channel
+        # statistics predict a block from nothing (None: no state to carry)
+        self._walker = codec.predictor if isinstance(codec.predictor, ModelPrefixPredictor) else None
+        self.dtype = dtype
+        self.threads = threads
 
     # -- writing -----------------------------------------------------------------------
     def put(self, input_ids: torch.Tensor, cache: Any) -> int:
@@ -170,20 +136,6 @@ class PrefixStore:
             parent = key
         self._stats["tokens_put"] += new
         return new
-
-    def _intact(self, key: str) -> bool:
-        """Whether ``key`` holds an undamaged entry; a damaged one is deleted (it is then
-        stored again, and so are the blocks after it)."""
-        raw = self.backend.get(key)
-        if raw is None:
-            return False
-        try:
-            unpack_entry(raw, key)
-        except CorruptStreamError:
-            self._stats["corrupt_entries"] += 1
-            self.backend.delete(key)
-            return False
-        return True
 
     # -- reading -----------------------------------------------------------------------
     def get(
@@ -267,36 +219,6 @@ class PrefixStore:
             # the cache holds every token but the last one generated
             self.put(sequences[:, :-1], made)
         return sequences
-
-    def stats_counters(self) -> dict[str, int]:
-        """``stats`` without asking the backend (its blocks and bytes): this object's counters."""
-        return dict(self._stats)
-
-    def stats(self) -> dict[str, int]:
-        """Blocks and bytes held, and this store object's hits, misses, tokens stored,
-        tokens found already stored (deduplicated) and damaged entries met."""
-        keys = self.backend.keys()
-        return {"blocks": len(keys), "bytes": self.backend.nbytes(), **self._stats}
-
-
-def chain_keys(namespace: bytes, input_ids: torch.Tensor, block_size: int) -> list[str]:
-    """Block keys: ``k_0 = H(namespace || block_0)``, ``k_i = H(k_{i-1} || block_i)``, with H
-    BLAKE2b-128 and a block its token ids as little-endian int64; hex. Only whole blocks."""
-    ids = _ids(input_ids)
-    out = []
-    previous = namespace
-    for b in range(ids.shape[1] // block_size):
-        block = ids[0, b * block_size : (b + 1) * block_size].numpy().astype("<i8").tobytes()
-        previous = hashlib.blake2b(previous + block, digest_size=16).digest()
-        out.append(previous.hex())
-    return out
-
-
-def _ids(input_ids: torch.Tensor) -> torch.Tensor:
-    ids = torch.as_tensor(input_ids).detach().cpu().to(torch.int64)
-    if ids.ndim != 2 or ids.shape[0] != 1:
-        raise ValueError(f"input_ids: expected shape [1, tokens], got {tuple(ids.shape)}")
-    return ids.contiguous()
 
 
 def _ignore(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

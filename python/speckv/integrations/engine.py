@@ -8,6 +8,10 @@ checkpoint (``speckv.hf.checkpoint.load_trunk``); for ``stats`` nothing at all. 
 identity (the checkpoint's fingerprint, the calibration, the predictor, the storage dtype, the
 block size) names every stored block, so an entry made under any other is never served.
 
+Without a calibration (``calibration=None``) the blocks are coded predictor-free with the fast
+lane (``speckv.hf.free_store.FreePrefixStore``): no calibration file, no weights, and a restore
+that is decoding alone, at about twice the stored size of a predicted one (bf16 and fp16).
+
 Every fault is the engine's cue to recompute: ``match`` answers 0 and ``load`` the tokens it
 could serve (a prefix of what was asked, maybe none), with the reason logged once per kind;
 neither raises for a bad store, a damaged entry or a foreign one.
@@ -49,7 +53,7 @@ class EngineStore:
     """Compressed prefix blocks of one engine's model (see the module docs).
 
     ``model_folder``: the transformers checkpoint the engine serves; ``calibration``: a file
-    from ``speckv calibrate --model FOLDER``; ``store``: a backend or its spec
+    from ``speckv calibrate --model FOLDER``, or None to code predictor-free; ``store``: a backend or its spec
     (``open_backend``); ``block_size``: the engine's block size; ``cache_dtype``: the torch
     dtype the engine stores its cache in (fp8: ``float8_e4m3fn``, with the calibration's fp8
     scales); ``weights=False`` builds only what keys and matching need (the engine's
@@ -58,7 +62,7 @@ class EngineStore:
     def __init__(
         self,
         model_folder: str | os.PathLike[str],
-        calibration: str | os.PathLike[str],
+        calibration: str | os.PathLike[str] | None,
         store: str | Backend,
         *,
         block_size: int,
@@ -70,6 +74,7 @@ class EngineStore:
         from ..hf.calibration import Calibration
         from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
         from ..hf.codec import SpeculativeCodec, predictor_from_description
+        from ..hf.free_store import FreePrefixStore
         from ..hf.store import PrefixStore
 
         if cache_dtype not in CACHE_DTYPES:
@@ -78,6 +83,11 @@ class EngineStore:
         self.dtype = CACHE_DTYPES[cache_dtype]
         self.cache_dtype = cache_dtype
         self.block_size = int(block_size)
+        self._logged: set[str] = set()
+        folder = Path(model_folder)
+        if calibration is None:
+            self._free(folder, store, threads)
+            return
         cal = Calibration.load(str(calibration))
         description = dict(cal.metadata.get("predictor", {}))
         if description.get("name") not in HOSTED_PREDICTORS:
@@ -86,17 +96,46 @@ class EngineStore:
                 f"{', '.join(HOSTED_PREDICTORS)} (speckv calibrate --predictor map|prefix:N|stats)"
             )
         layers = int(description.get("layers", 0)) if description.get("name") == "model-prefix" else 0
-        folder = Path(model_folder)
         model = load_trunk(folder, layers) if weights and layers else _skeleton(folder, torch.bfloat16)
         predictor = predictor_from_description(model, description)
         fingerprint = checkpoint_fingerprint(folder, model)
-        self.codec = SpeculativeCodec(model, cal, predictor, fingerprint=fingerprint, joint=joint)
+        self.codec: SpeculativeCodec | None = SpeculativeCodec(
+            model, cal, predictor, fingerprint=fingerprint, joint=joint
+        )
         self.backend = open_backend(store)
-        self.prefix = PrefixStore(
+        self.prefix: PrefixStore | FreePrefixStore = PrefixStore(
             self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads
         )
-        self.fp8_scales = cal.fp8_scales.clone()
-        self._logged: set[str] = set()
+        self.fp8_scales: torch.Tensor | None = cal.fp8_scales.clone()
+        heads, dim = int(cal.sigma.shape[2]), int(cal.sigma.shape[3])
+        self.kv_spec = (cal.n_layers, heads, dim)
+
+    def _free(self, folder: Path, store: str | Backend, threads: int | None) -> None:
+        """The predictor-free store (``calibration=None``): the model's config, no weights."""
+        from ..hf.architecture import text_config
+        from ..hf.checkpoint import _skeleton, checkpoint_fingerprint
+        from ..hf.free_store import FreePrefixStore
+
+        if self.dtype == "fp8":
+            raise ValueError(
+                "cache_dtype: an fp8 cache is coded with the calibration's fp8 scales; "
+                "give a calibration (speckv calibrate --fp8-scale S), or store bf16/fp16"
+            )
+        model = _skeleton(folder, torch.bfloat16)
+        config = text_config(model)
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.kv_spec = (int(config.num_hidden_layers), heads, dim)
+        self.codec = None
+        self.fp8_scales = None
+        self.backend = open_backend(store)
+        self.prefix = FreePrefixStore(
+            checkpoint_fingerprint(folder, model),
+            self.backend,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            threads=threads,
+        )
 
     def fault(self, kind: str, message: str) -> None:
         """Logs a fault once per kind (an engine meets the same one on every request)."""
@@ -107,7 +146,7 @@ class EngineStore:
     def check_fp8_scales(self, scales: list[tuple[float, float]]) -> None:
         """Raises ``ValueError`` unless the engine's per-layer (K, V) fp8 scales are the
         calibration's (a cache stored with other scales is other numbers)."""
-        if self.dtype != "fp8":
+        if self.dtype != "fp8" or self.fp8_scales is None:
             return
         for layer, (k, v) in enumerate(scales):
             mine = (float(self.fp8_scales[layer, 0]), float(self.fp8_scales[layer, 1]))

@@ -110,7 +110,10 @@ class SpeckvConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        for needed in ("store", "calibration"):
+        free = extra.get("predictor") == "none"
+        if extra.get("predictor") not in (None, "none"):
+            raise ValueError(f"SpeckvConnector: predictor must be 'none' or absent, got {extra['predictor']!r}")
+        for needed in ("store",) if free else ("store", "calibration"):
             if needed not in extra:
                 raise ValueError(
                     f"SpeckvConnector: kv_connector_extra_config needs {needed!r} (see speckv.integrations.vllm)"
@@ -125,7 +128,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._dtype = cache_dtype(vllm_config)
         self.store = EngineStore(
             vllm_config.model_config.model,
-            extra["calibration"],
+            None if free else extra["calibration"],
             extra["store"],
             block_size=self._block_size,
             cache_dtype=self._dtype,
@@ -217,8 +220,7 @@ class SpeckvConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         from vllm.platforms import current_platform
 
-        spec = self.store.codec._calibration()
-        heads, dim = int(spec.sigma.shape[2]), int(spec.sigma.shape[3])
+        n_layers, heads, dim = self.store.kv_spec
         for order, (name, buffer) in enumerate(kv_caches.items()):
             found = _LAYER.search(name)
             layer = int(found.group(1)) if found else order
@@ -232,10 +234,10 @@ class SpeckvConnector(KVConnectorBase_V1):
             self._layout = self._layout or layout
             self._caches[layer] = buffer
             self._names[name] = layer
-        if sorted(self._caches) != list(range(spec.n_layers)):
+        if sorted(self._caches) != list(range(n_layers)):
             raise UnsupportedLayoutError(
                 f"SpeckvConnector: vLLM registered KV caches of layers {sorted(self._caches)}, "
-                f"the calibration has {spec.n_layers} layers"
+                f"the model has {n_layers} layers"
             )
 
     def _view(self, buffer: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Writes the `headers` target's seeds (fuzz/seeds/headers): real streams of every dtype,
-predictor-free and predicted, in one chunk and in several, a stacked cache container and a
+predictor-free (both lanes) and predicted, in one chunk and in several, a stacked cache container and a
 per-layer one whose layers hold different token counts (sliding windows).
 Run from anywhere with speckv installed: python rust/speckv/fuzz/make_seeds.py"""
 
@@ -30,6 +30,9 @@ def main() -> None:
         sigma = np.full(40, 0.01, np.float32)
         for chunk in (64, 1000):
             (OUT / f"raw_{name}_{chunk}").write_bytes(speckv.encode(x.astype(dtype), chunk_size=chunk))
+            if name != "float32":  # the default above is the fast lane; the adaptive one too
+                adaptive = speckv.encode(x.astype(dtype), chunk_size=chunk, lane="adaptive")
+                (OUT / f"adaptive_{name}_{chunk}").write_bytes(adaptive)
             stream = speckv.encode(x.astype(dtype), mu=mu, sigma=sigma, chunk_size=chunk)
             (OUT / f"predicted_{name}_{chunk}").write_bytes(stream)
     layers, tokens, block = 2, 6, 4

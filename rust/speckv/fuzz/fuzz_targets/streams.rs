@@ -1,6 +1,6 @@
 //! Structured: a tensor of any dtype and bit patterns, a prediction of any floats (NaN and
 //! infinities too), any sigma codes, a joint model with any coefficients, any model
-//! parameters and chunk size. Whatever `encode` accepts must decode to the same bits on any
+//! parameters and chunk size, or the fast lane with any channel period. Whatever `encode` accepts must decode to the same bits on any
 //! thread count, with the same bytes from any thread count, and so must its second half of
 //! chunks alone. Then the stream is damaged (bytes xored anywhere; checksums are not compared
 //! in fuzz builds, `hash::matches`), and decoding it must answer with a result or a typed
@@ -65,6 +65,8 @@ struct Case {
     chunk: u16,
     fast: bool,
     predicted: bool,
+    /// predictor-free streams through the fast lane, with this channel period
+    fast_lane: Option<u8>,
     /// joint model with this many outside channels (0..=2)
     joint: Option<u8>,
     token_scale: Option<(u8, u8)>,
@@ -139,6 +141,8 @@ fuzz_target!(|case: Case| {
         torch_hint: false,
         model: if case.fast { ModelKind::Fast } else { ModelKind::Exact },
         token_scale: case.token_scale.map(|(prior, clamp)| TokenScale { prior, clamp }),
+        fast_lane: case.fast_lane.is_some(),
+        context_period: case.fast_lane.map(|p| 1 + p as u32 % 70),
         ..Default::default()
     };
     if case.joint.is_some() {

@@ -1,0 +1,154 @@
+"""``FreePrefixStore``: a model's KV caches by token block, coded without a predictor (the
+fast lane, ``rust/speckv/src/fast_lane.rs``), in a ``speckv.store`` backend.
+
+No calibration, no weights and no forward pass on either side: a block is stored as its key
+(16 bytes: the hash chain of every token up to the block's end) and one stream of its keys and
+values, ``[layers, 2, kv_heads, block_size, head_dim]`` in the storage dtype, and restoring it
+is decoding alone (about a gigabyte of cache per second per core). It is
+larger than what the predicted ``PrefixStore`` stores (measured on the demo model, 16-token
+blocks: ~11.0 bits per bf16 scalar, against ~5.3 with a predictor) and smaller than zstd's; the
+engine's choice of the two is TTFT against memory. Blocks are keyed as ``PrefixStore`` keys
+them (``speckv.hf.block_chain``), under a namespace of the model's fingerprint, the coding,
+the storage dtype and the block size. The key inside the entry is what stands in for the
+predicted store's prompt fingerprint: an entry written under another key (a foreign writer, a
+misplaced file) is refused, never served as this prefix's cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _api, _arrays
+from .._speckv import CorruptStreamError
+from ..store import Backend, StoreError, pack_entry, unpack_entry
+from .block_chain import BlockChain, prompt_ids
+
+STORE_FORMAT = 1
+KEY_BYTES = 16
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+class FreePrefixStore(BlockChain):
+    """Prefix blocks of the model named by ``fingerprint``, coded predictor-free in ``backend``.
+
+    ``dtype``: the storage dtype the caches arrive in (``bf16``, ``fp16``, ``fp8``); ``put``
+    refuses another. fp8 caches are stored as their bits: whoever reads them must quantise
+    with the writer's scales (``EngineStore`` hosts bf16 and fp16 only, for that reason).
+
+    >>> store = FreePrefixStore("model-fingerprint", DirectoryBackend("kv"), block_size=16)  # doctest: +SKIP
+    >>> store.put(input_ids, kv)             # per layer (K, V) [1, heads, tokens, dim]      # doctest: +SKIP
+    >>> kv, n = store.get_kv(input_ids)      # the longest stored prefix                     # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        fingerprint: str,
+        backend: Backend,
+        *,
+        block_size: int,
+        dtype: str = "bf16",
+        threads: int | None = None,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        identity = {
+            "format": STORE_FORMAT,
+            "model": fingerprint,
+            "predictor": "none",
+            "lane": "fast",
+            "dtype": dtype,
+            "block_size": int(block_size),
+        }
+        super().__init__(backend, block_size, identity)
+        self.dtype = dtype
+        self.threads = threads
+
+    def put(self, input_ids: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Stores the whole blocks of ``kv`` (per layer ``(K, V)`` ``[1, kv_heads, tokens,
+        head_dim]``, the cache of ``input_ids``) not stored yet; returns how many tokens that
+        was. A backend that fails ends the storing there (``stats()["store_errors"]``)."""
+        ids = prompt_ids(input_ids)
+        want = DTYPES[self.dtype]
+        shapes = {tuple(t.shape) for pair in kv for t in pair}
+        if not kv or len(shapes) != 1 or any(t.dtype != want for pair in kv for t in pair):
+            raise ValueError(f"kv: expected per layer (K, V) of one shape, all {want}; got shapes {sorted(shapes)}")
+        shape = next(iter(shapes))
+        if len(shape) != 4 or shape[0] != 1 or shape[2] < ids.shape[1] - ids.shape[1] % self.block_size:
+            raise ValueError(f"kv: expected [1, heads, tokens >= the prompt's whole blocks, dim], got {list(shape)}")
+        parent, new = None, 0
+        for b, key in enumerate(self.keys(ids)):
+            start, end = b * self.block_size, (b + 1) * self.block_size
+            try:
+                intact = self._intact(key)
+            except StoreError:
+                self._stats["store_errors"] += 1
+                break
+            if intact:
+                self._stats["tokens_deduplicated"] += self.block_size
+                parent = key
+                continue
+            block = torch.stack([torch.stack([k[0, :, start:end], v[0, :, start:end]]) for k, v in kv])
+            # from numpy: decode then hands back numpy too (no torch hint in the stream)
+            data = bytes.fromhex(key) + _api.encode(_arrays.to_numpy(block.cpu().contiguous()), threads=self.threads)
+            try:
+                stored = self.backend.put(key, pack_entry(data, key), parent)
+            except StoreError:
+                self._stats["store_errors"] += 1
+                break
+            new += self.block_size if stored else 0
+            parent = key
+        self._stats["tokens_put"] += new
+        return new
+
+    def get_kv(
+        self, input_ids: torch.Tensor, *, device: str | torch.device | None = None
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """Per layer ``(K, V)`` ``[1, kv_heads, n, head_dim]`` of the longest stored prefix of
+        ``input_ids``, bit for bit, in the storage dtype; ``([], 0)`` if none. A damaged,
+        foreign or unreadable entry ends the prefix there (counted in ``stats``)."""
+        blocks: list[np.ndarray] = []
+        shape: tuple[int, ...] | None = None
+        want = DTYPES[self.dtype]
+        for key in self.keys(input_ids):
+            try:
+                raw = self.backend.get(key)
+                if raw is None:
+                    self._stats["misses"] += 1
+                    break
+                entry = unpack_entry(raw, key)
+                if entry[:KEY_BYTES] != bytes.fromhex(key):
+                    raise CorruptStreamError("stored block: written for another prefix")
+                data = entry[KEY_BYTES:]
+                meta = _api.info(data)
+                got = tuple(meta["shape"])
+                if meta["dtype"] != _DTYPE_NAMES[want] or len(got) != 5 or got[1] != 2 or got[3] != self.block_size:
+                    raise CorruptStreamError(f"stored block: {meta['dtype']} {list(got)}, not this store's")
+                if shape is not None and got != shape:
+                    raise CorruptStreamError("stored block: another shape than the blocks before it")
+                block = _api.decode(data, threads=self.threads)
+            except (CorruptStreamError, StoreError) as e:
+                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
+                break
+            shape = got
+            self._stats["hits"] += 1
+            blocks.append(np.asarray(block))
+        if not blocks:
+            return [], 0
+        whole = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks, axis=3)).view(_WORDS[want])).view(want)
+        if device is not None:
+            whole = whole.to(device)
+        kv = [(whole[layer, 0][None], whole[layer, 1][None]) for layer in range(whole.shape[0])]
+        return kv, len(blocks) * self.block_size
+
+    def describe(self) -> dict[str, Any]:
+        """What the engine logs: the coding and the storage dtype."""
+        return {"predictor": "none", "lane": "fast", "dtype": self.dtype, "block_size": self.block_size}
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "float8_e4m3fn"}
+_WORDS = {torch.bfloat16: np.int16, torch.float16: np.int16, torch.float8_e4m3fn: np.uint8}
+
+__all__ = ["FreePrefixStore"]
