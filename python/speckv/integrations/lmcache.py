@@ -4,7 +4,8 @@ LMCache's distributed storage (the multiprocess L2 path) hands a serde each KV c
 tensor (vLLM's layout: ``[2, layers, tokens, hidden]``) and never the token ids, so only the
 models that need no predictor fit here:
 
-- ``model="free"``: speckv's predictor-free adaptive model of the raw bit patterns;
+- ``model="free"``: speckv's predictor-free fast lane (``speckv.encode`` without ``mu``: static
+  per-chunk tables shared by channels alike, decoded by table lookups; channel ``i % hidden``);
 - ``model="stats"``: a Gaussian around per-channel means with per-channel scales
   (``stats=`` a safetensors file from ``fit_stats``, tensors ``mean`` and ``std`` shaped
   ``[2, layers, 1, hidden]``, measured on calibration text).

@@ -331,15 +331,23 @@ fn cluster(rows: &[u32], k: usize, split: Split, used: &[u16], groups: usize) ->
     for (rank, &(_, c)) in key.iter().enumerate() {
         assign[c] = (rank * groups / k) as u8;
     }
-    for _ in 0..ROUNDS {
+    // on many channels the rounds are what encoding costs: at most about 4 operations per
+    // scalar of the chunk on them (every round on the demo model's 64 channels)
+    let scalars: u64 = rows.iter().map(|&v| v as u64).sum();
+    let per_round = (k * u * groups) as u64;
+    let rounds = (4 * scalars / per_round.max(1)).clamp(1, ROUNDS as u64);
+    for _ in 0..rounds {
         // each group's pooled counts, and its cost per symbol (16.16 bits); a symbol the group
         // lacks costs the table's precision
         let pooled = pool(rows, u, &assign, groups);
-        let costs: Vec<u64> = pooled
+        // (u32: at most 24 bits in 16.16, so the products below are u32 x u32, which vectorise)
+        let costs: Vec<u32> = pooled
             .chunks(u)
             .flat_map(|p| {
                 let top = log2_q16(p.iter().map(|&v| v as u64).sum::<u64>().max(1));
-                p.iter().map(move |&v| if v == 0 { (split.precision as u64) << 16 } else { top - log2_q16(v as u64) })
+                p.iter().map(move |&v| {
+                    (if v == 0 { (split.precision as u64) << 16 } else { top - log2_q16(v as u64) }) as u32
+                })
             })
             .collect();
         let mut moved = false;
@@ -347,7 +355,7 @@ fn cluster(rows: &[u32], k: usize, split: Split, used: &[u16], groups: usize) ->
             let r = row(c);
             let best = (0..groups)
                 .min_by_key(|&g| {
-                    let bits: u64 = r.iter().zip(&costs[g * u..(g + 1) * u]).map(|(&v, &b)| v as u64 * b).sum();
+                    let bits: u64 = r.iter().zip(&costs[g * u..(g + 1) * u]).map(|(&v, &b)| v as u64 * b as u64).sum();
                     (bits, g)
                 })
                 .unwrap_or(0) as u8;
@@ -435,7 +443,8 @@ impl EncodeTables {
 
 /// Tables and channel ids for the chunk `x` of `k` channels (module doc): per-channel
 /// histograms grouped by `cluster`, kept only where they beat a single table, bytes counted.
-fn choose_tables<W: Word>(x: &[W], k: usize, split: Split, hist: &mut Vec<u32>) -> (Vec<Table>, Vec<u8>) {
+fn choose_tables<W: Word>(x: &[W], k: usize, split: Split, scratch: &mut Scratch) -> (Vec<Table>, Vec<u8>) {
+    let Scratch { hist, rows, .. } = scratch;
     let width = 1usize << split.symbol_bits;
     let shift = split.raw_bits;
     // per-channel counts where they fit (else one histogram: one table), symbol-major: the
@@ -456,13 +465,14 @@ fn choose_tables<W: Word>(x: &[W], k: usize, split: Split, hist: &mut Vec<u32>) 
     }
     let used: Vec<u16> = (0..width).filter(|&h| all[h] > 0).map(|h| h as u16).collect();
     let u = used.len();
-    let mut rows = vec![0u32; k * u];
+    rows.clear();
+    rows.resize(k * u, 0);
     for (i, &h) in used.iter().enumerate() {
         for (c, &v) in hist[h as usize * k..(h as usize + 1) * k].iter().enumerate() {
             rows[c * u + i] = v;
         }
     }
-    let assign = cluster(&rows, k, split, &used, TARGET_TABLES.min(k));
+    let assign = cluster(rows, k, split, &used, TARGET_TABLES.min(k));
     // renumber the groups that kept channels, in order of first use
     let mut number = [u8::MAX; MAX_TABLES];
     let mut ids = Vec::with_capacity(k);
@@ -474,7 +484,7 @@ fn choose_tables<W: Word>(x: &[W], k: usize, split: Split, hist: &mut Vec<u32>) 
         }
         ids.push(number[g as usize]);
     }
-    let pooled = pool(&rows, u, &ids, groups as usize);
+    let pooled = pool(rows, u, &ids, groups as usize);
     let mut counts = vec![0u32; width];
     let tables: Vec<Table> = pooled
         .chunks(u)
@@ -515,6 +525,7 @@ fn choose_tables<W: Word>(x: &[W], k: usize, split: Split, hist: &mut Vec<u32>) 
 #[derive(Default)]
 struct Scratch {
     hist: Vec<u32>,
+    rows: Vec<u32>,
     words: Vec<u16>,
 }
 
@@ -546,7 +557,7 @@ pub fn encode_chunk<W: Word>(x: &[W], period: usize) -> Result<Vec<u8>> {
 #[inline(always)]
 fn encode_with<W: Word>(x: &[W], split: Split, period: usize, scratch: &mut Scratch, vector: bool) -> Vec<u8> {
     let k = channels(period, x.len());
-    let (tables, ids) = choose_tables(x, k, split, &mut scratch.hist);
+    let (tables, ids) = choose_tables(x, k, split, scratch);
     let enc = EncodeTables::new(&tables, split);
     let r = split.raw_bits;
     let raw_mask = (1u32 << r) - 1;
