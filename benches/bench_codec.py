@@ -5,8 +5,9 @@ times on a shared machine are noisy:
 
 * bits/scalar: speckv coded stream, speckv's `ideal_bits` (its own fixed-point model), the
   continuous ideal of the same mixture (float64, integrated over each value's rounding
-  interval), the single-Gaussian reference (floored at 2^-24), zstd-19, zipnn (if installed)
-  and speckv's predictor-free mode;
+  interval), the single-Gaussian reference (floored at 2^-24), zstd-19, and the predictor-free
+  table of ``predictor_free.py`` (speckv's fast and adaptive lanes, zipnn, zstd -3/-19,
+  constriction's ANS, each round trip checked);
 * encode/decode throughput of speckv (1 thread, all threads; the exact model also with its
   portable kernels, `SPECKV_SIMD=0`, in a child process) and of constriction's
   `stream.queue.RangeEncoder` with `QuantizedGaussian` on the same ordinal residuals and scales.
@@ -26,6 +27,7 @@ import time
 
 import ml_dtypes
 import numpy as np
+import predictor_free
 
 import speckv
 from speckv._synthetic import workload
@@ -227,7 +229,8 @@ def main() -> None:
     ideal = speckv.ideal_bits(x, mu, sigma)
     ideal_fast = speckv.ideal_bits(x, mu, sigma, model="fast")
     cont_mix, cont_single = continuous_ideals(x, mu, sigma)
-    raw_stream = speckv.encode(x, threads=threads_all)
+    free_rows = predictor_free.measure(x, args.repeat, threads_all)
+    free = {r["name"]: r for r in free_rows if "skipped" not in r}
 
     import zstandard
 
@@ -240,16 +243,10 @@ def main() -> None:
         "continuous_mixture_ideal": cont_mix / n,
         "single_gaussian_reference": cont_single / n,
         "zstd19": zstd_bytes * 8 / n,
-        "speckv_predictor_free": len(raw_stream) * 8 / n,
+        "speckv_predictor_free": next(r["bits"] for k, r in free.items() if k.startswith("speckv fast lane (")),
+        "zipnn": next((r["bits"] for k, r in free.items() if k.startswith("zipnn")), None),
     }
-    try:
-        import zipnn
-
-        z = zipnn.ZipNN(input_format="byte", bytearray_dtype="bfloat16", threads=1)
-        res["bits"]["zipnn"] = len(z.compress(x.tobytes())) * 8 / n
-    except Exception as e:  # zipnn is optional and its API moves
-        res["bits"]["zipnn"] = None
-        res["zipnn_error"] = f"{type(e).__name__}: {e}"
+    res["predictor_free"] = free_rows
 
     speeds = {}
     for model, prefix in (("exact", "speckv"), ("fast", "speckv_fast")):
@@ -295,9 +292,9 @@ def main() -> None:
         ("continuous mixture ideal", res["bits"]["continuous_mixture_ideal"]),
         ("single-Gaussian reference (floor 2^-24)", res["bits"]["single_gaussian_reference"]),
         ("constriction QuantizedGaussian", res["bits"]["constriction_gaussian"]),
-        ("speckv predictor-free", res["bits"]["speckv_predictor_free"]),
+        ("speckv predictor-free (fast lane)", res["bits"]["speckv_predictor_free"]),
         ("zstd -19", res["bits"]["zstd19"]),
-        ("zipnn", res["bits"]["zipnn"]),
+        ("zipnn (round trip: see below)", res["bits"]["zipnn"]),
     ]
     print(
         f"workload: {n} bf16 scalars, sigma over two decades, 0.5% outliers; {threads_all} cores; "
@@ -319,6 +316,7 @@ def main() -> None:
     print("\nratios")
     for k, v in res["ratios"].items():
         print(f"  {k:40s} {v:8.4f}")
+    predictor_free.print_rows("predictor-free, the same tensor (every round trip checked)", free_rows)
     print(
         "peak extra memory / input size: "
         + ", ".join(f"{k} {v:.3f}" for k, v in res["peak_extra_memory_over_input"].items())
