@@ -40,7 +40,7 @@ def kv_like(seed: int, tokens: int = 512, channels: int = 64, dtype=ml_dtypes.bf
 def test_every_pattern_round_trips_whatever_the_chunks_and_channels(name, data, chunk, channels):
     word = DTYPES[name][1]
     x = as_dtype(data.draw(bit_arrays(word, shapes)), name)
-    stream = speckv.encode(x, chunk_size=chunk, channels=channels)
+    stream = speckv.encode(x, chunk_size=chunk, channels=channels, lane="fast")
     assert speckv.info(stream)["lane"] == "fast" and speckv.info(stream)["version"] == speckv.FAST_LANE_VERSION
     assert same_bits(speckv.decode(stream), x)
 
@@ -56,13 +56,26 @@ def test_bytes_never_depend_on_the_thread_count(seed, chunk, threads):
     assert same_bits(speckv.decode(one, threads=threads), x)
 
 
+def test_a_range_of_chunks_and_joined_slabs_decode_alone():
+    """``decode(chunks=...)`` reads only those chunks; slabs coded apart join into the stream of
+    the whole (a chunk's bytes do not depend on where it sits)."""
+    x = kv_like(9, tokens=1000)  # [2, 1000, 64]: chunks of 16,000 scalars, 250 tokens
+    stream = speckv.encode(x, chunk_size=16000)
+    flat = x.reshape(-1)
+    assert same_bits(speckv.decode(stream, chunks=(2, 5)), flat[2 * 16000 : 5 * 16000])
+    halves = [speckv.encode(x[:1], chunk_size=16000), speckv.encode(x[1:], chunk_size=16000)]
+    assert speckv.join_streams(halves) == stream
+    assert same_bits(speckv.decode(speckv.cut_stream(stream, (4, 8))), x[1:])
+
+
 def test_every_16_bit_pattern_and_a_constant_round_trip():
     for name in ("bfloat16", "float16"):
         x = np.arange(1 << 16, dtype=np.uint16).view(DTYPES[name][0]).reshape(256, 256)
         assert same_bits(speckv.decode(speckv.encode(x)), x)
     for name in LANE_DTYPES:
         zeros = np.zeros((3, 70000), dtype=DTYPES[name][0])
-        assert same_bits(speckv.decode(speckv.encode(zeros)), zeros)
+        stream = speckv.encode(zeros)
+        assert speckv.info(stream)["lane"] == "fast" and same_bits(speckv.decode(stream), zeros)
 
 
 def test_tables_per_channel_group_beat_the_adaptive_lane_and_zstd():
@@ -97,7 +110,7 @@ def test_the_same_output_under_every_kernel():
 
 def test_damage_is_refused_with_a_typed_error():
     x = kv_like(2, tokens=64)
-    stream = speckv.encode(x, chunk_size=1000)
+    stream = speckv.encode(x, chunk_size=1000, lane="fast")
     for i in range(0, len(stream), 7):
         bad = bytearray(stream)
         bad[i] ^= 0x41
@@ -108,8 +121,17 @@ def test_damage_is_refused_with_a_typed_error():
             speckv.decode(stream[:cut])
 
 
+def test_the_default_lane_is_fast_where_chunks_pay_for_their_tables():
+    small, large = kv_like(4, tokens=16), kv_like(4, tokens=64)  # 2,048 and 8,192 scalars
+    assert speckv.info(speckv.encode(small))["lane"] == "adaptive"
+    assert speckv.info(speckv.encode(large))["lane"] == "fast"
+    assert speckv.info(speckv.encode(large, chunk_size=1024))["lane"] == "adaptive"
+    assert speckv.info(speckv.encode(small, lane="fast"))["lane"] == "fast"
+    assert len(speckv.encode(large)) < len(speckv.encode(large, lane="adaptive"))
+
+
 def test_lane_arguments_are_checked():
-    x = kv_like(3, tokens=8)
+    x = kv_like(3, tokens=64)
     mu = x.astype(np.float32)
     with pytest.raises(ValueError, match="predictor-free"):
         speckv.encode(x, mu, np.ones(64, np.float32), lane="fast")

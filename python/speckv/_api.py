@@ -184,11 +184,12 @@ def encode(
     to `decode`.
 
     Without them the stream is predictor-free, coded by one of two lanes (`lane`; `decode`
-    needs no hint): ``"fast"`` (the default for 8- and 16-bit formats; format version 3)
+    needs no hint): ``"fast"`` (the default for 8- and 16-bit formats whose chunks hold at
+    least 4,096 scalars; format version 3)
     fixes per chunk a few static tables of the patterns' sign and exponent bits, each shared
     by the channels whose distributions are alike, and decodes by table lookups (hundreds of
-    millions of scalars per second per core); ``"adaptive"`` (float32, and older streams)
-    adapts its counts scalar by scalar, slower. Scalar ``i`` is channel ``i % channels``
+    millions of scalars per second per core); ``"adaptive"`` (float32, smaller tensors, and
+    older streams) adapts its counts scalar by scalar, slower. Scalar ``i`` is channel ``i % channels``
     (default: the last dimension; for a layout ``[..., tokens, heads, head_dim]`` give
     ``heads * head_dim``).
 
@@ -207,7 +208,10 @@ def encode(
     True
     """
     args = _coding_args(x, mu, sigma, sigma_codes)
-    fast = _fast_lane(lane, args[1], predicted=args[3] is not None or args[5] is not None)
+    scalars = int(np.prod(args[2], dtype=np.int64))
+    fast = _fast_lane(
+        lane, args[1], predicted=args[3] is not None or args[5] is not None, scalars=scalars, chunk=chunk_size
+    )
     default_chunk = _speckv.FAST_LANE_CHUNK_SCALARS if fast else _speckv.DEFAULT_CHUNK_SCALARS
     if channels is not None and (
         isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1
@@ -226,16 +230,26 @@ def encode(
     )
 
 
-def _fast_lane(lane: Lane | None, dtype_name: str, *, predicted: bool) -> bool:
-    """Whether a stream goes through the fast lane: predictor-free 8/16-bit streams unless
-    ``lane="adaptive"``; ``lane="fast"`` elsewhere is an error."""
+# Chunks below this many scalars take the adaptive lane unless told otherwise: a fast-lane
+# chunk carries its tables and 128 bytes of coder state, ~300 bytes in all, which the smaller
+# tables pay for from about here on (measured on the demo model's caches).
+FAST_LANE_MIN_SCALARS = 4096
+
+
+def _fast_lane(lane: Lane | None, dtype_name: str, *, predicted: bool, scalars: int, chunk: int | None) -> bool:
+    """Whether a stream goes through the fast lane. ``lane=None``: predictor-free 8/16-bit
+    streams whose chunks hold at least ``FAST_LANE_MIN_SCALARS`` scalars; ``"fast"``: those
+    of any size (elsewhere an error); ``"adaptive"``: never."""
     if lane not in (None, "fast", "adaptive"):
         raise ValueError(f"lane: expected 'fast', 'adaptive' or None, got {lane!r}")
     codable = not predicted and dtype_name != "float32"
     if lane == "fast" and not codable:
         why = "coded against mu/sigma" if predicted else "float32"
         raise ValueError(f"lane='fast': the fast lane codes predictor-free 8- and 16-bit streams, not {why} ones")
-    return codable and lane != "adaptive"
+    if lane is None:
+        per_chunk = min(scalars, _speckv.FAST_LANE_CHUNK_SCALARS if chunk is None else int(chunk))
+        return codable and per_chunk >= FAST_LANE_MIN_SCALARS
+    return lane == "fast"
 
 
 def _token_scale(joint: Joint | None) -> tuple[int, int] | None:
@@ -362,7 +376,9 @@ def ideal_bits(
 ) -> float:
     """Bits a perfect coder would spend on `x` under exactly the model `encode` uses (payload
     only; headers and coder overhead excluded), so `8 * len(encode(...)) / ideal_bits(...)`
-    is the real coder's overhead."""
+    is the real coder's overhead. Without `mu` it measures the adaptive lane
+    (``lane="adaptive"``): the fast lane chooses its tables as it encodes, so its size is
+    ``len(encode(x))``."""
     return _speckv.ideal_bits(
         *_coding_args(x, mu, sigma, sigma_codes),
         threads=resolve_threads(None),

@@ -92,7 +92,8 @@ class FreePrefixStore(BlockChain):
                 continue
             block = torch.stack([torch.stack([k[0, :, start:end], v[0, :, start:end]]) for k, v in kv])
             # from numpy: decode then hands back numpy too (no torch hint in the stream)
-            data = bytes.fromhex(key) + _api.encode(_arrays.to_numpy(block.cpu().contiguous()), threads=self.threads)
+            x = _arrays.to_numpy(block.cpu().contiguous())
+            data = bytes.fromhex(key) + _api.encode(x, threads=self.threads, lane="fast")
             try:
                 stored = self.backend.put(key, pack_entry(data, key), parent)
             except StoreError:
