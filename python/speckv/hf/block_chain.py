@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .._speckv import CorruptStreamError
-from ..store import Backend, StoreError, unpack_entry
+from ..store import Backend, StoreError, pack_entry, unpack_entry
 
 
 def chain_keys(namespace: bytes, input_ids: torch.Tensor, block_size: int) -> list[str]:
@@ -79,6 +80,41 @@ class BlockChain:
                 break
             n += self.block_size
         return n
+
+    def _put_chain(
+        self,
+        input_ids: torch.Tensor,
+        code: Callable[[int, str], bytes],
+        stored_already: Callable[[int], None] | None = None,
+    ) -> int:
+        """Stores block ``b`` of ``input_ids`` as ``code(b, key)`` where it is not stored intact
+        yet (``stored_already(b)`` where it is; blocks in order); returns the tokens stored. A
+        backend that fails (``StoreError``) ends the storing there, counted in the stats: the
+        blocks after one that could not be stored are not stored either."""
+        parent, new = None, 0
+        for b, key in enumerate(self.keys(input_ids)):
+            try:
+                intact = self._intact(key)
+            except StoreError:
+                self._stats["store_errors"] += 1
+                break
+            if intact:
+                if stored_already is not None:
+                    stored_already(b)
+                self._stats["tokens_deduplicated"] += self.block_size
+                parent = key
+                continue
+            data = code(b, key)
+            try:
+                stored = self.backend.put(key, pack_entry(data, key), parent)
+            except StoreError:
+                self._stats["store_errors"] += 1
+                break
+            if stored:
+                new += self.block_size
+            parent = key
+        self._stats["tokens_put"] += new
+        return new
 
     def _intact(self, key: str) -> bool:
         """Whether ``key`` holds an undamaged entry; a damaged one is deleted (it is then

@@ -23,7 +23,7 @@ import torch
 
 from .. import _api, _arrays
 from .._speckv import CorruptStreamError
-from ..store import Backend, StoreError, pack_entry, unpack_entry
+from ..store import Backend, StoreError, unpack_entry
 from .block_chain import BlockChain, prompt_ids
 
 STORE_FORMAT = 1
@@ -78,31 +78,15 @@ class FreePrefixStore(BlockChain):
         shape = next(iter(shapes))
         if len(shape) != 4 or shape[0] != 1 or shape[2] < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"kv: expected [1, heads, tokens >= the prompt's whole blocks, dim], got {list(shape)}")
-        parent, new = None, 0
-        for b, key in enumerate(self.keys(ids)):
+
+        def code(b: int, key: str) -> bytes:
             start, end = b * self.block_size, (b + 1) * self.block_size
-            try:
-                intact = self._intact(key)
-            except StoreError:
-                self._stats["store_errors"] += 1
-                break
-            if intact:
-                self._stats["tokens_deduplicated"] += self.block_size
-                parent = key
-                continue
             block = torch.stack([torch.stack([k[0, :, start:end], v[0, :, start:end]]) for k, v in kv])
             # from numpy: decode then hands back numpy too (no torch hint in the stream)
             x = _arrays.to_numpy(block.cpu().contiguous())
-            data = bytes.fromhex(key) + _api.encode(x, threads=self.threads, lane="fast")
-            try:
-                stored = self.backend.put(key, pack_entry(data, key), parent)
-            except StoreError:
-                self._stats["store_errors"] += 1
-                break
-            new += self.block_size if stored else 0
-            parent = key
-        self._stats["tokens_put"] += new
-        return new
+            return bytes.fromhex(key) + _api.encode(x, threads=self.threads, lane="fast")
+
+        return self._put_chain(ids, code)
 
     def get_kv(
         self, input_ids: torch.Tensor, *, device: str | torch.device | None = None

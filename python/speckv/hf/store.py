@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .._speckv import CorruptStreamError, PredictionMismatchError
-from ..store import Backend, StoreError, pack_entry, unpack_entry
+from ..store import Backend, StoreError, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
 from .block_chain import BlockChain, chain_keys
 from .block_chain import prompt_ids as _ids
@@ -105,37 +105,20 @@ class PrefixStore(BlockChain):
             raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
         walker = self._walker
         state = PrefixState()
-        parent = None
-        new = 0
-        for b, key in enumerate(self.keys(ids)):
+
+        def stored_already(b: int) -> None:
+            # the predictor still walks a stored block, to carry its state on
+            if walker is not None:
+                walker.prefix(ids[:, b * self.block_size : (b + 1) * self.block_size], _ignore, state)
+
+        def code(b: int, key: str) -> bytes:
             start, end = b * self.block_size, (b + 1) * self.block_size
-            block_ids = ids[:, start:end]
-            try:
-                intact = self._intact(key)
-            except StoreError:
-                self._stats["store_errors"] += 1
-                break
-            if intact:
-                # stored already: the predictor still walks it, to carry its state on
-                if walker is not None:
-                    walker.prefix(block_ids, _ignore, state)
-                self._stats["tokens_deduplicated"] += self.block_size
-                parent = key
-                continue
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
-            run = walker.start(block_ids, state) if walker is not None else None
-            pred = self.codec._predictions(block, block_ids, self.dtype, run=run)
-            data = self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
-            try:
-                stored = self.backend.put(key, pack_entry(data, key), parent)
-            except StoreError:
-                self._stats["store_errors"] += 1
-                break
-            if stored:
-                new += self.block_size
-            parent = key
-        self._stats["tokens_put"] += new
-        return new
+            run = walker.start(ids[:, start:end], state) if walker is not None else None
+            pred = self.codec._predictions(block, ids[:, start:end], self.dtype, run=run)
+            return self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
+
+        return self._put_chain(ids, code, stored_already)
 
     # -- reading -----------------------------------------------------------------------
     def get(
