@@ -4,7 +4,9 @@ A cheap predictor (by default the model's own first two thirds of layers, then m
 layers already decoded; or an fp8-quantised copy of the model, the reference method) predicts
 the cache of a prompt; the true cache is coded against that prediction with sigmas measured on
 calibration text, and decoded back bit for bit by running the same predictor. ``PrefixStore``
-keeps many such caches, deduplicated by token block, on a ``speckv.store`` backend.
+keeps many such caches, deduplicated by token block, on a ``speckv.store`` backend;
+``FreePrefixStore`` keeps them without a predictor (speckv's fast lane: larger, restored by
+decoding alone).
 
 >>> from speckv.hf import SpeculativeCodec, bundled_text, load_demo_model   # doctest: +SKIP
 >>> from speckv.hf.cache import prefill                                      # doctest: +SKIP
@@ -24,6 +26,7 @@ from .cache import build_cache, extract_kv
 from .calibration import Calibration, model_fingerprint
 from .codec import SpeculativeCodec
 from .demo import bundled_text, demo_gguf_path, load_demo_model, load_model
+from .free_store import FreePrefixStore
 from .layerwise import LayerRun, LayerwisePredictor
 from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor
 from .prefix import ModelPrefixPredictor, PrefixState
@@ -33,6 +36,7 @@ __all__ = [
     "Calibration",
     "ChannelStatsPredictor",
     "Fp8Predictor",
+    "FreePrefixStore",
     "LayerRun",
     "LayerwisePredictor",
     "ModelPrefixPredictor",
