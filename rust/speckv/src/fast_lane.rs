@@ -703,12 +703,17 @@ pub(crate) fn decode_from<W: Word>(
             channel = 0;
         }
         *o = W::from_u32((e >> SYMBOL_SHIFT) << r | (slot & raw_mask));
-        let mut next = ((e & ENTRY_MASK) + 1) * (s >> b) + ((e >> ENTRY_BITS) & ENTRY_MASK);
-        if next < LOW {
-            next = next << 16 | c.word(pos).ok_or_else(|| bad("the words run out before the scalars"))?;
-            pos += 1;
-        }
-        c.states[j % STATES] = next;
+        let next = ((e & ENTRY_MASK) + 1) * (s >> b) + ((e >> ENTRY_BITS) & ENTRY_MASK);
+        // without a branch (the renormalisation is a coin flip a predictor would miss half
+        // the time): past the last word it reads 0, and the position past the end fails the
+        // call below, whatever was written to `out`
+        let need = next < LOW;
+        let word = c.word(pos).unwrap_or(0);
+        c.states[j % STATES] = if need { next << 16 | word } else { next };
+        pos += need as usize;
+    }
+    if pos > c.n_words() {
+        return Err(bad("the words run out before the scalars"));
     }
     Ok(pos)
 }
