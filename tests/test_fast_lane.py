@@ -89,21 +89,27 @@ def test_tables_per_channel_group_beat_the_adaptive_lane_and_zstd():
     assert fast < adaptive and fast < one_channel and fast < zstd, (fast, adaptive, one_channel, zstd)
 
 
-def test_the_same_output_under_every_kernel():
-    """A stream decoded by the AVX-512 kernel and by the portable code (SPECKV_SIMD=0, in a
-    child process) gives the same bits; the child asserts the portable code ran."""
+@pytest.mark.parametrize("simd", ["0", "avx2"])
+def test_the_same_output_under_every_kernel(simd):
+    """A stream decoded by this process's kernel and by the portable code (``SPECKV_SIMD=0``)
+    or the AVX2 kernel (``SPECKV_SIMD=avx2``), each in a child process, gives the same bits;
+    the child asserts which kernel ran, and encodes the same bytes."""
     x = kv_like(5, tokens=1500)
     stream = speckv.encode(x, chunk_size=50000)
     digest = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(speckv.decode(stream)).view(np.uint16).tobytes())
     assert digest == xxhash.xxh3_64_hexdigest(x.view(np.uint16).tobytes())
+    here = speckv._speckv.fast_lane_kernel()
+    expected = "avx2" if simd == "avx2" and here in ("avx512", "avx2") else "portable"
     code = (
         "import sys, numpy as np, xxhash, speckv\n"
         "from speckv import _speckv\n"
-        "assert _speckv.fast_lane_kernel() == 'portable', _speckv.fast_lane_kernel()\n"
-        "y = speckv.decode(sys.stdin.buffer.read())\n"
+        f"assert _speckv.fast_lane_kernel() == {expected!r}, _speckv.fast_lane_kernel()\n"
+        "data = sys.stdin.buffer.read()\n"
+        "y = speckv.decode(data)\n"
+        "assert speckv.encode(y, chunk_size=50000) == data, 'other bytes'\n"
         "print(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(y).view(np.uint16).tobytes()))\n"
     )
-    env = {**os.environ, "SPECKV_SIMD": "0"}
+    env = {**os.environ, "SPECKV_SIMD": simd}
     out = subprocess.run([sys.executable, "-c", code], input=stream, capture_output=True, env=env, check=True)
     assert out.stdout.decode().strip() == digest
 

@@ -59,6 +59,8 @@ use crate::words::Word;
 use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 /// Interleaved rANS states per chunk (two 16-lane vectors).
@@ -726,11 +728,14 @@ fn vector_kernel() -> bool {
     false
 }
 
-/// Which kernel decodes the fast lane here: `"avx512"` or `"portable"` (same output).
+/// Which kernel decodes the fast lane here: `"avx512"`, `"avx2"` or `"portable"` (same
+/// output; `SPECKV_SIMD=avx2` stops at AVX2, `SPECKV_SIMD=0` forces the portable code).
 pub fn kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     if avx512::enabled() {
         return "avx512";
+    } else if avx2::enabled() {
+        return "avx2";
     }
     "portable"
 }
@@ -742,8 +747,11 @@ pub fn decode_chunk<W: Word>(bytes: &[u8], period: usize, out: &mut [W]) -> Resu
     let (mut done, mut pos) = (0usize, 0usize);
     #[cfg(target_arch = "x86_64")]
     if avx512::enabled() {
-        // SAFETY: `enabled` checked that this processor has AVX-512F and AVX-512BW.
+        // SAFETY: `enabled` checked that this processor has AVX-512F.
         (done, pos) = unsafe { avx512::decode(&mut c, split, out) };
+    } else if avx2::enabled() {
+        // SAFETY: `enabled` checked that this processor has AVX2.
+        (done, pos) = unsafe { avx2::decode(&mut c, split, out) };
     }
     let pos = decode_from(&mut c, split, out, done, pos)?;
     if pos != c.n_words() || c.states.iter().any(|&s| s != LOW) {
@@ -838,6 +846,41 @@ mod tests {
                 let split = split_of::<u8>().unwrap();
                 let portable = encode_with(&y, split, period, &mut Scratch::default(), false);
                 assert_eq!(encode_with(&y, split, period, &mut Scratch::default(), true), portable, "{n} {period}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_avx2_decoder_decodes_as_the_portable_code() {
+        if !is_x86_feature_detected!("avx2") {
+            let required = std::env::var("SPECKV_REQUIRE").unwrap_or_default();
+            assert!(!required.split(',').any(|s| s.trim() == "avx2"), "SPECKV_REQUIRE=avx2, but no AVX2 here");
+            eprintln!("skipped: no AVX2 here");
+            return;
+        }
+        let mut next = lcg(8);
+        for n in [32usize, 64, 65, 1000, 4096, 70001] {
+            for period in [1usize, 3, 16, 64, 100] {
+                let x: Vec<u16> = (0..n).map(|j| 0x3c00 + ((next() % 300) as u16) * (1 + (j % 3) as u16)).collect();
+                let bytes = encode_chunk(&x, period).unwrap();
+                let split = split_of::<u16>().unwrap();
+                let mut c = parse_chunk(&bytes, split, period, n).unwrap();
+                let mut out = vec![0u16; n];
+                // SAFETY: AVX2 was detected above.
+                let (done, pos) = unsafe { avx2::decode(&mut c, split, &mut out) };
+                assert!(n < 64 || done > 0, "the kernel did not run ({n})");
+                assert_eq!(decode_from(&mut c, split, &mut out, done, pos).unwrap(), c.n_words());
+                assert_eq!(out, x, "{n} {period}");
+                assert!(c.states.iter().all(|&s| s == LOW));
+                let y: Vec<u8> = x.iter().map(|&v| v as u8).collect();
+                let bytes = encode_chunk(&y, period).unwrap();
+                let split = split_of::<u8>().unwrap();
+                let mut c = parse_chunk(&bytes, split, period, n).unwrap();
+                let mut out = vec![0u8; n];
+                // SAFETY: as above.
+                let (done, pos) = unsafe { avx2::decode(&mut c, split, &mut out) };
+                assert_eq!(decode_from(&mut c, split, &mut out, done, pos).unwrap(), c.n_words());
+                assert_eq!(out, y, "{n} {period}");
             }
         }
     }
