@@ -16,8 +16,6 @@ misplaced file) is refused, never served as this prefix's cache.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -127,10 +125,6 @@ class FreePrefixStore(BlockChain):
             whole = whole.to(device)
         kv = [(whole[layer, 0][None], whole[layer, 1][None]) for layer in range(whole.shape[0])]
         return kv, len(blocks) * self.block_size
-
-    def describe(self) -> dict[str, Any]:
-        """What the engine logs: the coding and the storage dtype."""
-        return {"predictor": "none", "lane": "fast", "dtype": self.dtype, "block_size": self.block_size}
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "float8_e4m3fn"}
