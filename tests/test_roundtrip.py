@@ -24,7 +24,7 @@ def test_predictor_free_round_trip(name, data):
     assert speckv.info(stream)["shape"] == list(x.shape)
 
 
-@pytest.mark.parametrize("model", ["exact", "fast"])
+@pytest.mark.parametrize("model", ["exact", "fast", "bins"])
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 def test_predicted_round_trip_any_patterns(name, model, data):
@@ -38,7 +38,7 @@ def test_predicted_round_trip_any_patterns(name, model, data):
     assert same_bits(speckv.decode(stream, mu, sigma, threads=3), x)
 
 
-@pytest.mark.parametrize("model", ["exact", "fast"])
+@pytest.mark.parametrize("model", ["exact", "fast", "bins"])
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 def test_predicted_round_trip_near_prediction(name, model, data):

@@ -26,6 +26,7 @@ from ._api import (
     info,
     join_streams,
     residuals,
+    restore_model,
     sigma_codes,
 )
 from ._arrays import SUPPORTED_DTYPES
@@ -62,5 +63,6 @@ __all__ = [
     "join_streams",
     "kernels",
     "residuals",
+    "restore_model",
     "sigma_codes",
 ]

@@ -271,6 +271,7 @@ def _evaluate(args: argparse.Namespace, codec: Any, held_out: list[Any]) -> dict
         progress=not args.json,
         producer=_producer(args),
         repeat=args.repeat,
+        coder=args.coder,
     )
 
 
@@ -709,6 +710,13 @@ def build_parser() -> argparse.ArgumentParser:
             "--no-joint", action="store_true", help="code every scalar on its own (no joint residual model)"
         )
         p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
+        p.add_argument(
+            "--coder",
+            choices=("exact", "bins"),
+            default="exact",
+            help="how residuals are coded: the exact model (smallest) or the bins model (static tables, "
+            "several times faster to decode)",
+        )
         p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")
         p.add_argument("--recalibrate", action="store_true", help="ignore a cached calibration")
         p.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -119,6 +119,7 @@ def evaluate(
     progress: bool = False,
     producer: Callable[[Any, torch.Tensor], KV] | None = None,
     repeat: int = 1,
+    coder: _api.Model = "exact",
 ) -> dict[str, Any]:
     """Compresses the model's cache of every prompt in every mode, checks the exact round trip,
     and returns sizes (per layer and K/V), the reference ideal, zstd, and timings.
@@ -127,7 +128,8 @@ def evaluate(
     ``prefill``; ``other_kernels`` measures what a user whose cache came from another machine
     or engine gets). Times are relative to the model's own prefill of the same prompt:
     ``restore`` is everything ``decompress`` costs, predictor included; each is the fastest of
-    ``repeat`` runs."""
+    ``repeat`` runs. ``coder``: the model the residuals are coded with (``speckv.encode``'s
+    ``model``)."""
     layerwise = is_layerwise(codec.predictor)
     cal = codec._calibration()
     n_layers = cal.n_layers
@@ -153,7 +155,7 @@ def evaluate(
         for mode in modes:
             acc = per_mode[mode]
             pred, t_pred = (whole, 0.0) if whole is not None else _timed(repeat, codec.prediction, true, ids, mode)
-            data, t_enc = _timed(repeat, codec.compress_predicted, true, ids, pred, mode, threads=threads)
+            data, t_enc = _timed(repeat, codec.compress_predicted, true, ids, pred, mode, threads=threads, model=coder)
             restored, t_dec = _timed(
                 repeat, codec.decompress, data, ids, threads=threads, dequantize=False, prediction=whole
             )

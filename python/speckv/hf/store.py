@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .. import _api
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, StoreError, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
@@ -84,6 +85,8 @@ class PrefixStore(BlockChain):
         self._walker = codec.predictor if isinstance(codec.predictor, ModelPrefixPredictor) else None
         self.dtype = dtype
         self.threads = threads
+        # statistics run no forward pass at restore: the coder is all of it (`restore_model`)
+        self._model = _api.restore_model(dtype, forward_pass=self._walker is not None)
 
     # -- writing -----------------------------------------------------------------------
     def put(self, input_ids: torch.Tensor, cache: Any) -> int:
@@ -116,7 +119,7 @@ class PrefixStore(BlockChain):
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
             run = walker.start(ids[:, start:end], state) if walker is not None else None
             pred = self.codec._predictions(block, ids[:, start:end], self.dtype, run=run)
-            return self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, "exact", self.block_size)
+            return self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, self._model, self.block_size)
 
         return self._put_chain(ids, code, stored_already)
 

@@ -214,7 +214,7 @@ fn options(
         params.validate().map_err(|m| SpeckvError::new_err(format!("weights: {m}")))?;
     }
     let model = ModelKind::from_name(model)
-        .ok_or_else(|| SpeckvError::new_err(format!("model: expected 'exact' or 'fast', got {model:?}")))?;
+        .ok_or_else(|| SpeckvError::new_err(format!("model: expected 'exact', 'fast' or 'bins', got {model:?}")))?;
     let token_scale = token_scale.map(|(prior, clamp)| TokenScale { prior, clamp });
     if let Some(scale) = token_scale {
         scale.validate().map_err(SpeckvError::new_err)?;

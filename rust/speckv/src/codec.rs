@@ -1,6 +1,7 @@
 //! The whole-tensor API: encode, decode, ideal code length, stream info.
 
-use crate::chunk::{unclean_end, ModelKind, StreamModel, LANES, LANES_V1};
+use crate::bins;
+use crate::chunk::{unclean_end, ModelKind, PredictedModel, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
 use crate::error::{invalid, Error, Result};
 use crate::fast_lane;
@@ -340,6 +341,9 @@ pub fn encode(
     }
     let chunk = options.chunk_scalars as usize;
     check_joint(dtype, n, chunk, prediction)?;
+    if let (Some(p), ModelKind::Bins) = (prediction, options.model.for_dtype(dtype)) {
+        return encode_bins(x, &model, shape, p, options);
+    }
     let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
     let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, |x| {
         map_chunks(options.threads, n_chunks, |i| {
@@ -356,6 +360,57 @@ pub fn encode(
         | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast { FLAG_FAST_MODEL } else { 0 };
     let payloads = payloads.iter().map(|(bytes, fingerprint)| (bytes.as_slice(), *fingerprint));
     write_stream(&model, shape, options, flags, payloads, n_chunks)
+}
+
+/// `encode` with the bins model: every chunk coded by `bins::Encoder`, run by run as the
+/// other models are (`joint_runs` with the joint model), and the version-3 header.
+fn encode_bins(
+    x: Bits,
+    model: &StreamModel,
+    shape: &[u64],
+    p: &Prediction,
+    options: &EncodeOptions,
+) -> Result<Vec<u8>> {
+    let PredictedModel::Bins { tables } = &model.predicted else {
+        return invalid("bins: the stream model is not the bins model");
+    };
+    let (n, chunk, dtype) = (x.len(), options.chunk_scalars as usize, model.dtype);
+    let n_chunks = chunk_count(n as u64, options.chunk_scalars) as usize;
+    let payloads: Vec<(Vec<u8>, u64)> = with_words!(x, |x| {
+        map_chunks(options.threads, n_chunks, |i| {
+            let range = i * chunk..((i + 1) * chunk).min(n);
+            let mut enc = bins::Encoder::new(dtype, tables.clone(), range.len())?;
+            let fingerprint = with_codes(|codes| {
+                let plain = codes_and_fingerprint(&p.mu[range.clone()], &p.sigma, range.start, codes);
+                match &p.joint {
+                    Some(joint) => {
+                        let mut words = x[range.clone()].to_vec();
+                        joint_runs(
+                            model,
+                            joint,
+                            &mut words,
+                            p.mu,
+                            codes,
+                            range.start,
+                            |run_x, corrected, run_codes| enc.run(run_x, corrected, run_codes),
+                        );
+                        joint_fingerprint(plain, joint, &range)
+                    }
+                    None => {
+                        enc.run(&x[range.clone()], &p.mu[range.clone()], codes);
+                        plain
+                    }
+                }
+            });
+            Ok((enc.finish(), fingerprint))
+        })?
+    });
+    let flags = FLAG_PREDICTED
+        | FLAG_FAST_LANE
+        | if p.joint.is_some() { FLAG_JOINT } else { 0 }
+        | if model.token_scale.is_some() { FLAG_TOKEN_SCALE } else { 0 };
+    let payloads = payloads.iter().map(|(bytes, fingerprint)| (bytes.as_slice(), *fingerprint));
+    write_stream(model, shape, options, flags, payloads, n_chunks)
 }
 
 /// `encode` with `options.fast_lane`: every chunk coded by `fast_lane::encode_chunk`.
@@ -507,6 +562,9 @@ pub fn ideal_bits(
             "fast_lane: ideal_bits measures the adaptive and predicted models; encode to measure the fast lane",
         );
     }
+    if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Bins {
+        return invalid("bins: ideal_bits measures the range-coded models; encode to measure the bins model");
+    }
     let chunk = options.chunk_scalars as usize;
     check_joint(dtype, n, chunk, prediction)?;
     let n_chunks = n.div_ceil(chunk);
@@ -585,6 +643,57 @@ fn decode_words<W: Word, const N: usize>(
         } else {
             Err(unclean_end(i))
         }
+    })
+}
+
+/// Decodes the bins-model chunks of `stream` from `first_chunk` on into `out`, each checked
+/// against its checksum and its prediction fingerprint first (as `decode_words`).
+fn decode_bins<W: Word>(
+    stream: &[u8],
+    header: &Header,
+    model: &StreamModel,
+    out: &mut [W],
+    p: &Prediction,
+    threads: usize,
+    first_chunk: usize,
+) -> Result<()> {
+    let PredictedModel::Bins { tables } = &model.predicted else {
+        return invalid("bins: the stream model is not the bins model");
+    };
+    let chunk = header.chunk_scalars as usize;
+    for_each_piece_mut(threads, out, chunk, |piece_index, piece| {
+        let i = first_chunk + piece_index;
+        let c = &header.chunks[i];
+        let bytes = &stream[c.offset as usize..c.offset as usize + c.length as usize];
+        if !matches(bytes, c.checksum) {
+            return Err(Error::Checksum(format!("chunk {i} of {}", header.chunks.len())));
+        }
+        let start = i * chunk;
+        let mu = &p.mu[start..start + piece.len()];
+        let in_chunk = |e: Error| match e {
+            Error::Corrupt(m) => Error::Corrupt(format!("chunk {i}: {m}")),
+            other => other,
+        };
+        with_codes(|codes| {
+            let mut fp = codes_and_fingerprint(mu, &p.sigma, start, codes);
+            if let Some(joint) = &p.joint {
+                fp = joint_fingerprint(fp, joint, &(start..start + piece.len()));
+            }
+            if fp != c.fingerprint {
+                return Err(Error::PredictionMismatch(format!(
+                    "the mu/sigma given differ from the encoder's (chunk {i}, scalars {start}..{})",
+                    start + piece.len()
+                )));
+            }
+            let mut dec = bins::Decoder::new(header.dtype, tables, bytes).map_err(in_chunk)?;
+            match &p.joint {
+                Some(joint) => joint_runs(model, joint, piece, p.mu, codes, start, |run_x, corrected, run_codes| {
+                    dec.run(run_x, corrected, run_codes)
+                }),
+                None => dec.run(piece, mu, codes),
+            }
+            dec.finish().map_err(in_chunk)
+        })
     })
 }
 
@@ -693,6 +802,28 @@ pub fn decode_parsed(
             }
         }
         _ => {}
+    }
+    if header.fast_lane() && header.predicted() {
+        let Some(p) = prediction else {
+            return Err(Error::PredictionMismatch(
+                "the stream was coded with mu/sigma; give the same to decode".into(),
+            ));
+        };
+        let mut model = StreamModel::new(header.dtype, header.params, ModelKind::Bins, 1, 1);
+        model.token_scale = header.token_scale;
+        if model.table_digest() != header.table_digest {
+            return Err(Error::Unsupported(
+                "the stream's probability tables differ from the ones this build computes".into(),
+            ));
+        }
+        if fingerprint_of(&header.chunks) != header.fingerprint {
+            return Err(Error::Corrupt("prediction fingerprint disagrees with the chunk index".into()));
+        }
+        return match out {
+            BitsMut::U8(o) => decode_bins(stream, header, &model, o, p, threads, chunks.start),
+            BitsMut::U16(o) => decode_bins(stream, header, &model, o, p, threads, chunks.start),
+            BitsMut::U32(_) => Err(Error::Corrupt("the bins model does not code float32".into())),
+        };
     }
     if header.fast_lane() {
         return match out {

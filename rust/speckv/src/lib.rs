@@ -15,6 +15,7 @@
 #[cfg(not(target_endian = "little"))]
 compile_error!("speckv supports little-endian targets only");
 
+pub mod bins;
 pub mod chunk;
 pub mod codec;
 pub mod coder;

@@ -63,7 +63,8 @@ struct Case {
     channels: u8,
     tokens: u8,
     chunk: u16,
-    fast: bool,
+    /// the predicted model: exact, fast or bins
+    model: u8,
     predicted: bool,
     /// predictor-free streams through the fast lane, with this channel period
     fast_lane: Option<u8>,
@@ -139,7 +140,7 @@ fuzz_target!(|case: Case| {
         threads: 1,
         chunk_scalars: 1 + case.chunk as u32 % (2 * n as u32),
         torch_hint: false,
-        model: if case.fast { ModelKind::Fast } else { ModelKind::Exact },
+        model: [ModelKind::Exact, ModelKind::Fast, ModelKind::Bins][case.model as usize % 3],
         token_scale: case.token_scale.map(|(prior, clamp)| TokenScale { prior, clamp }),
         fast_lane: case.fast_lane.is_some(),
         context_period: case.fast_lane.map(|p| 1 + p as u32 % 70),

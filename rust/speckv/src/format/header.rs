@@ -35,8 +35,10 @@
 //! [len_0 .. len_{N-2}: LEB128, in bytes][lane 0] ... [lane N-1: the rest]
 //! ```
 //!
-//! Version 3 streams (`FLAG_FAST_LANE`, predictor-free 8/16-bit only) hold chunks laid out as
-//! in `fast_lane`; their model parameters are the defaults, their predictor-free contexts 1.
+//! Version 3 streams (`FLAG_FAST_LANE`, 8/16-bit only) hold chunks laid out as in `fast_lane`
+//! (predictor-free; their model parameters are the defaults, their predictor-free contexts 1)
+//! or, with `FLAG_PREDICTED`, as in `bins` (the bins model; `FLAG_JOINT` and
+//! `FLAG_TOKEN_SCALE` as in version 2).
 //! Every other stream is still written as version 2, byte for byte as before.
 //!
 //! Version 1 differs in bytes 10-11 (both 0), in coding each chunk with two lanes
@@ -72,7 +74,8 @@ pub const FLAG_JOINT: u16 = 1 << 3;
 /// Jointly coded layers scale each token's sigmas by its residuals so far
 /// (`crate::token_scale`); the knobs are at +18. Only with `FLAG_JOINT`.
 pub const FLAG_TOKEN_SCALE: u16 = 1 << 4;
-/// Predictor-free, coded with the fast lane's static tables (`crate::fast_lane`); version 3.
+/// Coded with static tables and rANS, version 3: predictor-free (`crate::fast_lane`), or with
+/// `FLAG_PREDICTED` the bins model (`crate::bins`).
 pub const FLAG_FAST_LANE: u16 = 1 << 5;
 const KNOWN_FLAGS: u16 =
     FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE | FLAG_FAST_LANE;
@@ -221,10 +224,11 @@ impl Header {
 
     /// The model predicted scalars are coded with (`None`: predictor-free).
     pub fn model(&self) -> Option<ModelKind> {
-        match (self.predicted(), self.flags & FLAG_FAST_MODEL != 0) {
-            (false, _) => None,
-            (true, true) => Some(ModelKind::Fast),
-            (true, false) => Some(ModelKind::Exact),
+        match (self.predicted(), self.flags & FLAG_FAST_MODEL != 0, self.fast_lane()) {
+            (false, _, _) => None,
+            (true, _, true) => Some(ModelKind::Bins),
+            (true, true, false) => Some(ModelKind::Fast),
+            (true, false, false) => Some(ModelKind::Exact),
         }
     }
 
@@ -299,8 +303,12 @@ impl Header {
                 if fast { "set" } else { "clear" }
             ));
         }
-        if fast && flags & (FLAG_PREDICTED | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE) != 0 {
-            return corrupt("the fast lane codes predictor-free streams only");
+        // version 3 holds predictor-free fast-lane streams and predicted ones of the bins model
+        if fast
+            && (flags & FLAG_FAST_MODEL != 0
+                || (flags & FLAG_PREDICTED == 0 && flags & (FLAG_JOINT | FLAG_TOKEN_SCALE) != 0))
+        {
+            return corrupt("a version-3 stream is predictor-free or coded with the bins model");
         }
         let dtype_code = r.u8()?;
         let ndim = r.u8()? as usize;
@@ -409,6 +417,7 @@ impl Header {
             let lanes = lanes as u32;
             let shortest = match version {
                 1 => 4 * (2 * lanes - 1),
+                FAST_LANE_VERSION if flags & FLAG_PREDICTED != 0 => crate::bins::MIN_CHUNK_LEN as u32,
                 FAST_LANE_VERSION => fast_lane::MIN_CHUNK_LEN as u32,
                 _ => (lanes - 1) + lanes,
             };

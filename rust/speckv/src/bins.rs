@@ -1,0 +1,763 @@
+//! The bins model: predicted scalars of 8- and 16-bit formats coded from static tables with
+//! interleaved rANS, so that decoding a scalar is integer steps and table lookups, no CDF
+//! (format version 3: `FLAG_PREDICTED | FLAG_FAST_LANE`; the model is named `"bins"`).
+//!
+//! The exact model (`model::mixture`) integrates its mixture over each pattern's rounding
+//! interval, scalar by scalar, and decodes by searching the CDF. The bins model instead cuts
+//! the real line around the prediction into bins of width `w = 2^e` aligned to multiples of
+//! `w`, codes the scalar's bin from a precomputed table, and its place inside the bin with raw
+//! bits (where the values a bin holds are equally likely, which they are to within a
+//! fraction of a percent when `w <= sigma / 4`).
+//!
+//! # Invariants (cited as B1-B5)
+//!
+//! * **B1 (the place).** From `mu` (float32) and the sigma code `c` (`model::ladder`) alone,
+//!   in integers: `e = min(max(floor(c / 8) - 2, E(mu) - M, E_MIN), E_MAX)` where `E(mu)` is
+//!   `mu`'s binary exponent (float32 field; none for zero and subnormals), `M` the format's
+//!   mantissa bits and `E_MIN`/`E_MAX` its smallest and largest normal exponent: bins are a
+//!   quarter to an eighth of sigma wide, never finer than the format's spacing at `mu`. Then
+//!   `q = floor(mu * 2^(3 - e))` (exact, from `mu`'s bits), `base = q >> 3`, the phase
+//!   `q & 7`, the class `clamp(c - 8 e, CLASS_MIN, CLASS_MAX)` (sigma over `w` in eighths of
+//!   an octave) and the table: `(class - CLASS_MIN) * 8 + phase` below `CLASS_UNPHASED`, one
+//!   table per class from there on (the phases' average). A non-finite `mu` places nothing: its
+//!   scalar is its raw pattern in the bit stream, with no rANS step.
+//! * **B2 (the bin).** Bin `b >= 0` holds the values in `[b w, (b + 1) w)`, bin `b < 0` their
+//!   negatives, `(-(|b|) w, -(|b| - 1) w]`. The symbol is `k = b - base + HALF` when
+//!   `0 <= k < 2 HALF` and the table gives it a frequency; anything else (and every NaN or
+//!   infinity) is `ESCAPE`, followed by the raw pattern.
+//! * **B3 (inside the bin).** For `|b| = j >= 1` of binade `t = floor(log2 j)`: `M - t` raw
+//!   mantissa bits when `t <= M`, none above (such a bin holds one value or none). For
+//!   `j = 0` (values below `w`, zero and subnormals included): the depth `d` of the value's
+//!   exponent below `w`'s as `d` zero bits and a one, then the `M` mantissa bits; depths of
+//!   `DEPTH_MAX` or more as `DEPTH_MAX` zero bits and the pattern's magnitude bits. Uniform
+//!   density makes the unary depth exactly the right code.
+//! * **B4 (the coder).** rANS with 32 states as in the fast lane (`fast_lane` F1, without raw
+//!   bits in the slot): scalar `j` of a chunk (a step only where B1 placed it) goes to state
+//!   `j mod STATES`; states live in `[2^16, 2^32)`, one 16-bit word at most per step, the
+//!   encoder runs backwards. Tables sum to `2^PRECISION`, the escape's frequency is
+//!   `ESCAPE_FREQ` (so every step costs > 2^-12 / ln 2 bits: the header's scalars-per-byte
+//!   bound holds), every slot decodes to a symbol with a frequency.
+//! * **B5 (the ends).** Every state starts at `2^16` and the decoder must end with every state
+//!   there, every word read and every raw bit read (the last byte's unused bits zero); a bin
+//!   that holds no value or a pattern that is not finite fails the chunk as corrupt.
+//!
+//! The tables depend on the mixture's weights (`ModelParams`) only; the stream's table digest
+//! covers them.
+//!
+//! # Chunk payload (little-endian)
+//!
+//! ```text
+//! offset  size        field
+//! 0       4 * STATES  the encoder's final states (u32 each)
+//! ..      4           n: the rANS words (u32)
+//! ..      2 * n       the words (u16 each), in the order the decoder reads them
+//! ..      ..          the raw bits, in scalar order, least significant bit of each byte first
+//! ```
+
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::hash::Hasher;
+use crate::model::ModelParams;
+use crate::words::Word;
+use crate::DType;
+
+/// Interleaved rANS states per chunk.
+pub const STATES: usize = 32;
+/// log2 of every table's total frequency.
+pub const PRECISION: u32 = 14;
+/// Bins per sigma, as log2 (B1: `w` is sigma / 4 to sigma / 8 wide).
+const BINS_PER_SIGMA_LOG2: i32 = 2;
+/// Bins each side of the prediction's bin that have a symbol.
+const HALF: i64 = 64;
+const ESCAPE: usize = 2 * HALF as usize;
+const SYMBOLS: usize = ESCAPE + 1;
+const ESCAPE_FREQ: u32 = 4;
+const PHASE_BITS: u32 = 3;
+const PHASES: usize = 1 << PHASE_BITS;
+/// Classes: sigma / w from 2^-2 (the format's spacing is 4x sigma) to just under 2^3.
+const CLASS_MIN: i32 = -16;
+const CLASS_MAX: i32 = 8 * BINS_PER_SIGMA_LOG2 + 7;
+/// Classes from here up (sigma at least `2^BINS_PER_SIGMA_LOG2` bins, where the phase moves the
+/// distribution by less than a quarter sigma) share one table over every phase: a run of one
+/// channel then reads one table, which stays in the first-level cache.
+const CLASS_UNPHASED: i32 = 8 * BINS_PER_SIGMA_LOG2;
+const PHASED_TABLES: usize = (CLASS_UNPHASED - CLASS_MIN) as usize * PHASES;
+pub const TABLES: usize = PHASED_TABLES + (CLASS_MAX - CLASS_UNPHASED + 1) as usize;
+/// B3's deepest unary depth.
+const DEPTH_MAX: u32 = 16;
+/// Bins get a frequency while they lie within this many wide-component sigmas.
+const SUPPORT_WIDE_SIGMAS: f64 = 4.0;
+const LOW: u32 = 1 << 16;
+/// A step's placeholder in the encoder's list: B1 placed nothing there.
+const NO_STEP: u32 = u32::MAX;
+/// The smallest payload: the states and the word count.
+pub const MIN_CHUNK_LEN: usize = 4 * STATES + 4;
+
+/// A format's fields (B1, B3).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    m: u32,
+    e_bits: u32,
+    bias: i32,
+    /// Largest exponent field of finite values.
+    field_max: u32,
+    /// float8_e4m3fn: the all-ones exponent is finite but for an all-ones mantissa.
+    e4m3: bool,
+    width: u32,
+}
+
+impl Layout {
+    pub(crate) fn of(dtype: DType) -> Option<Layout> {
+        let (m, e_bits, bias, field_max, e4m3) = match dtype {
+            DType::BFloat16 => (7, 8, 127, 254, false),
+            DType::Float16 => (10, 5, 15, 30, false),
+            DType::Float8E4M3Fn => (3, 4, 7, 15, true),
+            DType::Float8E5M2 => (2, 5, 15, 30, false),
+            DType::Float32 => return None,
+        };
+        Some(Layout { m, e_bits, bias, field_max, e4m3, width: 1 + e_bits + m })
+    }
+
+    #[inline(always)]
+    fn finite(self, field: u32, mant: u32) -> bool {
+        field <= self.field_max && !(self.e4m3 && field == 15 && mant == 7)
+    }
+}
+
+/// B1's result for one scalar.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    /// Exponent field of `w` (>= 1).
+    fw: i32,
+    base: i64,
+    table: usize,
+}
+
+impl Place {
+    /// Where B1 places nothing (a non-finite `mu`).
+    const NONE: Place = Place { fw: 0, base: 0, table: usize::MAX };
+}
+
+/// B1.
+#[inline(always)]
+fn place(l: Layout, mu: f32, code: i16) -> Option<Place> {
+    let bits = mu.to_bits();
+    let f = ((bits >> 23) & 0xFF) as i32;
+    if f == 0xFF {
+        return None;
+    }
+    let code = code as i32;
+    let e_sigma = (code >> 3) - BINS_PER_SIGMA_LOG2;
+    let e_ulp = if f == 0 { i32::MIN / 2 } else { f - 127 - l.m as i32 };
+    let e = e_sigma.max(e_ulp).max(1 - l.bias).min(l.field_max as i32 - l.bias);
+    let mant = (bits & 0x7F_FFFF) | if f == 0 { 0 } else { 1 << 23 };
+    let signed = if bits >> 31 != 0 { -(mant as i64) } else { mant as i64 };
+    // mu = signed * 2^(max(f, 1) - 150); q = floor(mu * 2^(3 - e)): an arithmetic shift
+    // floors; a left shift is exact (bounded: larger q only ever escape)
+    let sh = f.max(1) - 150 + PHASE_BITS as i32 - e;
+    let q = if sh >= 0 { signed << sh.min(30) } else { signed >> (-sh).min(63) };
+    let class = (code - 8 * e).clamp(CLASS_MIN, CLASS_MAX);
+    let table = if class >= CLASS_UNPHASED {
+        PHASED_TABLES + (class - CLASS_UNPHASED) as usize
+    } else {
+        (class - CLASS_MIN) as usize * PHASES + (q & 7) as usize
+    };
+    Some(Place { fw: e + l.bias, base: q >> PHASE_BITS, table })
+}
+
+/// B2-B3 for a finite pattern: `(bin, raw bits, their count)`; `None` for a bin too far out.
+#[inline(always)]
+fn bin_of(l: Layout, w: u32, fw: i32) -> Option<(i64, u32, u32)> {
+    let m = l.m;
+    let mant = w & ((1 << m) - 1);
+    let f = ((w >> m) & ((1 << l.e_bits) - 1)) as i32;
+    let negative = (w >> (m + l.e_bits)) & 1 == 1;
+    let (j, raw, n) = if f < fw {
+        let d = (fw - 1 - f) as u32;
+        if d < DEPTH_MAX {
+            (0i64, (1 << d) | (mant << (d + 1)), d + 1 + m)
+        } else {
+            (0, (w & ((1 << (m + l.e_bits)) - 1)) << DEPTH_MAX, DEPTH_MAX + l.e_bits + m)
+        }
+    } else {
+        let t = (f - fw) as u32;
+        if t > 20 {
+            return None;
+        }
+        if t <= m {
+            (((1 << t) | (mant >> (m - t))) as i64, mant & ((1 << (m - t)) - 1), m - t)
+        } else {
+            ((((1 << m) | mant) as i64) << (t - m), 0, 0)
+        }
+    };
+    Some((if negative { -j - 1 } else { j }, raw, n))
+}
+
+/// The encoder's division by a frequency: `x / f == (x * ceil(2^48 / f)) >> 48` for every
+/// `x < 2^32` and `f < 2^16` (the error `x * (ceil - 2^48 / f) / 2^48 < 2^-16 < 1 / f` cannot
+/// carry the quotient past an integer; tested for every frequency).
+const QUOTIENT_SHIFT: u32 = 48;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Coding {
+    /// States at or above this are renormalised first: `f << (32 - PRECISION)`.
+    limit: u32,
+    freq: u32,
+    start: u32,
+    magic: u64,
+}
+
+impl Coding {
+    fn new(freq: u32, start: u32) -> Coding {
+        Coding { limit: freq << (32 - PRECISION), freq, start, magic: (1u64 << QUOTIENT_SHIFT).div_ceil(freq as u64) }
+    }
+
+    #[inline(always)]
+    fn quotient(self, x: u32) -> u32 {
+        ((x as u128 * self.magic as u128) >> QUOTIENT_SHIFT) as u32
+    }
+}
+
+/// Every table (B4), both sides' views.
+#[derive(Debug)]
+pub struct BinTables {
+    /// Per table, `2^PRECISION` slots: the symbol of each.
+    lut: Vec<u8>,
+    /// Per (table, symbol): `freq | start << 16`.
+    entries: Vec<u32>,
+    coding: Vec<Coding>,
+    digest: u64,
+}
+
+fn normal_cdf(z: f64) -> f64 {
+    0.5 * libm::erfc(-z * std::f64::consts::FRAC_1_SQRT_2)
+}
+
+/// Frequencies summing to `total` for `masses` (0 means no frequency), each supported one at
+/// least 1: floors of the proportional shares, the shortfall to the largest, an excess taken
+/// one at a time from the largest frequencies above 1.
+fn quantize(masses: &[f64], total: u32) -> Vec<u32> {
+    let sum: f64 = masses.iter().sum();
+    let mut f: Vec<u32> =
+        masses.iter().map(|&p| if p > 0.0 { (libm::floor(p / sum * total as f64) as u32).max(1) } else { 0 }).collect();
+    let have: u32 = f.iter().sum();
+    let top = (0..f.len()).max_by_key(|&i| (f[i], std::cmp::Reverse(i))).unwrap_or(0);
+    if have < total {
+        f[top] += total - have;
+    } else {
+        let mut excess = have - total;
+        while excess > 0 {
+            // the floors exceed `total` by at most one per symbol, which the largest absorb
+            let i = (0..f.len()).max_by_key(|&i| (f[i], std::cmp::Reverse(i))).unwrap_or(0);
+            f[i] -= 1;
+            excess -= 1;
+        }
+    }
+    f
+}
+
+impl BinTables {
+    /// The tables for `params`' mixture, built on first use and then shared.
+    pub fn shared(params: &ModelParams) -> Arc<BinTables> {
+        static CACHE: crate::model::ParamsCache<BinTables> = OnceLock::new();
+        crate::model::shared(&CACHE, params, || BinTables::build(params))
+    }
+
+    pub fn build(params: &ModelParams) -> BinTables {
+        let (wn, ww) = (params.weight_narrow as f64, params.weight_wide as f64);
+        let wide = params.wide_factor as f64;
+        let mix = |z: f64| (wn * normal_cdf(z) + ww * normal_cdf(z / wide)) / (wn + ww);
+        let support = SUPPORT_WIDE_SIGMAS * wide;
+        let slots = 1usize << PRECISION;
+        let mut lut = vec![0u8; TABLES * slots];
+        let mut entries = vec![0u32; TABLES * SYMBOLS];
+        let mut coding = vec![Coding::default(); TABLES * SYMBOLS];
+        let mut h = Hasher::new();
+        for v in [PRECISION, BINS_PER_SIGMA_LOG2 as u32, HALF as u32, ESCAPE_FREQ, DEPTH_MAX] {
+            h.update(&v.to_le_bytes());
+        }
+        // bin k's mass at the middle of each phase; `class`: sigma / w in eighths of an octave
+        let masses = |class: i32, phase: usize| -> Vec<f64> {
+            let phase = (phase as f64 + 0.5) / PHASES as f64;
+            // the bin's width in sigmas
+            let ratio = libm::exp2(-(class as f64) / 8.0);
+            (-HALF..HALF)
+                .map(|k| {
+                    let z0 = (k as f64 - phase) * ratio;
+                    let z1 = z0 + ratio;
+                    if z1 > -support && z0 < support {
+                        (mix(z1) - mix(z0)).max(1e-300)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        };
+        for t in 0..TABLES {
+            let masses: Vec<f64> = if t < PHASED_TABLES {
+                masses(CLASS_MIN + (t / PHASES) as i32, t % PHASES)
+            } else {
+                // the average over the phases (a bin's mass where the phase is not looked at)
+                let class = CLASS_UNPHASED + (t - PHASED_TABLES) as i32;
+                let all: Vec<Vec<f64>> = (0..PHASES).map(|p| masses(class, p)).collect();
+                (0..all[0].len()).map(|k| all.iter().map(|m| m[k]).sum::<f64>() / PHASES as f64).collect()
+            };
+            let mut freqs = quantize(&masses, (1 << PRECISION) - ESCAPE_FREQ);
+            freqs.push(ESCAPE_FREQ);
+            let mut start = 0u32;
+            for (s, &f) in freqs.iter().enumerate() {
+                entries[t * SYMBOLS + s] = f | start << 16;
+                if f > 0 {
+                    coding[t * SYMBOLS + s] = Coding::new(f, start);
+                    lut[t * slots + start as usize..t * slots + (start + f) as usize].fill(s as u8);
+                }
+                h.update(&(f as u16).to_le_bytes());
+                start += f;
+            }
+        }
+        BinTables { lut, entries, coding, digest: h.finish() }
+    }
+
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+}
+
+/// Raw bits, least significant first.
+struct BitWriter {
+    acc: u64,
+    n: u32,
+    out: Vec<u8>,
+}
+
+impl BitWriter {
+    #[inline(always)]
+    fn put(&mut self, v: u32, n: u32) {
+        self.acc |= (v as u64) << self.n;
+        self.n += n;
+        if self.n >= 32 {
+            self.out.extend_from_slice(&(self.acc as u32).to_le_bytes());
+            self.acc >>= 32;
+            self.n -= 32;
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let bytes = self.n.div_ceil(8) as usize;
+        self.out.extend_from_slice(&self.acc.to_le_bytes()[..bytes]);
+        self.out
+    }
+}
+
+/// Reads what `BitWriter` wrote; past the end it reads zeros (B5 then fails the chunk).
+struct BitReader {
+    /// The bytes and 8 zero bytes, so that every read is one unaligned load.
+    bytes: Vec<u8>,
+    len_bits: usize,
+    pos: usize,
+}
+
+impl BitReader {
+    fn new(raw: &[u8]) -> BitReader {
+        let mut bytes = Vec::with_capacity(raw.len() + 8);
+        bytes.extend_from_slice(raw);
+        bytes.extend_from_slice(&[0; 8]);
+        BitReader { bytes, len_bits: raw.len() * 8, pos: 0 }
+    }
+
+    /// The 32 bits (or more) from bit `at` on.
+    #[inline(always)]
+    fn peek_at(&self, at: usize) -> u64 {
+        let byte = (at >> 3).min(self.bytes.len() - 8);
+        let word = u64::from_le_bytes(self.bytes[byte..byte + 8].try_into().unwrap());
+        word >> (at & 7)
+    }
+
+    /// `n <= 32` bits from bit `*at` on, moving `*at` past them.
+    #[inline(always)]
+    fn read_at(&self, at: &mut usize, n: u32) -> u32 {
+        let v = (self.peek_at(*at) & ((1u64 << n) - 1)) as u32;
+        *at += n as usize;
+        v
+    }
+
+    /// B5: every bit read, the rest of the last byte zero.
+    fn finished_cleanly(&self) -> bool {
+        self.pos <= self.len_bits
+            && self.len_bits - self.pos < 8
+            && (self.len_bits == self.pos || self.bytes[self.pos >> 3] >> (self.pos & 7) == 0)
+    }
+}
+
+/// B2-B3 backwards: the pattern of bin `base + k`, its raw bits read from `raw` at `at`;
+/// `broken` is set where the bin holds no value of the format (B5).
+#[inline(always)]
+fn pattern(l: Layout, raw: &BitReader, at: &mut usize, broken: &mut bool, p: Place, k: i64) -> u32 {
+    let b = p.base + k;
+    let negative = b < 0;
+    let j = if negative { -b - 1 } else { b };
+    let (field, mant) = if j == 0 {
+        let d = ((raw.peek_at(*at) as u32) | 1 << DEPTH_MAX).trailing_zeros();
+        if d < DEPTH_MAX {
+            *at += d as usize + 1;
+            let f = p.fw - 1 - d as i32;
+            *broken |= f < 0;
+            (f.max(0) as u32, raw.read_at(at, l.m))
+        } else {
+            *at += DEPTH_MAX as usize;
+            let magnitude = raw.read_at(at, l.e_bits + l.m);
+            let f = magnitude >> l.m;
+            // the canonical form only: shallower depths have their own code
+            *broken |= f as i32 > p.fw - 1 - DEPTH_MAX as i32;
+            (f, magnitude & ((1 << l.m) - 1))
+        }
+    } else if j >= 1 << 21 {
+        *broken = true;
+        (0, 0)
+    } else {
+        let t = 63 - j.leading_zeros();
+        let f = p.fw as u32 + t;
+        if t <= l.m {
+            (f, ((j as u32 - (1 << t)) << (l.m - t)) | raw.read_at(at, l.m - t))
+        } else {
+            *broken |= j & ((1 << (t - l.m)) - 1) != 0;
+            (f, ((j >> (t - l.m)) as u32).wrapping_sub(1 << l.m) & ((1 << l.m) - 1))
+        }
+    };
+    *broken |= field >= 1 << l.e_bits || !l.finite(field, mant);
+    (negative as u32) << (l.m + l.e_bits) | (field & ((1 << l.e_bits) - 1)) << l.m | mant
+}
+
+/// Codes one chunk, run by run (the joint model hands it a channel at a time).
+pub struct Encoder {
+    layout: Layout,
+    tables: Arc<BinTables>,
+    /// Per scalar so far: `table * SYMBOLS + symbol`, or `NO_STEP`.
+    steps: Vec<u32>,
+    bits: BitWriter,
+}
+
+impl Encoder {
+    pub fn new(dtype: DType, tables: Arc<BinTables>, scalars: usize) -> Result<Encoder> {
+        let layout = Layout::of(dtype)
+            .ok_or_else(|| Error::InvalidArgument(format!("bins: {} is not an 8- or 16-bit format", dtype.name())))?;
+        let bits = BitWriter { acc: 0, n: 0, out: Vec::with_capacity(scalars * 2) };
+        Ok(Encoder { layout, tables, steps: Vec::with_capacity(scalars), bits })
+    }
+
+    /// The next scalars `x`, against `mu` and their sigma codes.
+    pub fn run<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
+        let l = self.layout;
+        for ((&xw, &m), &c) in x.iter().zip(mu).zip(codes) {
+            let w = xw.to_u32();
+            let Some(p) = place(l, m, c) else {
+                self.steps.push(NO_STEP);
+                self.bits.put(w, l.width);
+                continue;
+            };
+            let (mant, field) = (w & ((1 << l.m) - 1), (w >> l.m) & ((1 << l.e_bits) - 1));
+            let found = if l.finite(field, mant) { bin_of(l, w, p.fw) } else { None };
+            let row = p.table * SYMBOLS;
+            match found {
+                Some((b, raw, n))
+                    if (0..2 * HALF).contains(&(b - p.base + HALF))
+                        && self.tables.entries[row + (b - p.base + HALF) as usize] & 0xFFFF != 0 =>
+                {
+                    self.steps.push((row + (b - p.base + HALF) as usize) as u32);
+                    self.bits.put(raw, n);
+                }
+                _ => {
+                    self.steps.push((row + ESCAPE) as u32);
+                    self.bits.put(w, l.width);
+                }
+            }
+        }
+    }
+
+    /// The chunk's payload (B4, the layout in the module doc).
+    pub fn finish(self) -> Vec<u8> {
+        let mut state = [LOW; STATES];
+        let mut words: Vec<u16> = Vec::with_capacity(self.steps.len() + 1);
+        for (j, &step) in self.steps.iter().enumerate().rev() {
+            if step == NO_STEP {
+                continue;
+            }
+            let code = self.tables.coding[step as usize];
+            let s = &mut state[j % STATES];
+            if *s >= code.limit {
+                words.push(*s as u16);
+                *s >>= 16;
+            }
+            let q = code.quotient(*s);
+            *s = (q << PRECISION) + (*s - q * code.freq) + code.start;
+        }
+        let raw = self.bits.finish();
+        let mut out = Vec::with_capacity(MIN_CHUNK_LEN + 2 * words.len() + raw.len());
+        for s in state {
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        out.extend_from_slice(&(words.len() as u32).to_le_bytes());
+        for w in words.iter().rev() {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&raw);
+        out
+    }
+}
+
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Corrupt(format!("bins: {}", msg.into()))
+}
+
+/// Decodes one chunk, run by run, in the encoder's order.
+pub struct Decoder<'a> {
+    layout: Layout,
+    tables: &'a BinTables,
+    states: [u32; STATES],
+    words: &'a [u8],
+    pos: usize,
+    bits: BitReader,
+    /// Scalars decoded so far (B4's `j`).
+    j: usize,
+    /// A bin without a value or a pattern that is not finite was decoded (B5).
+    broken: bool,
+    /// A run's places and symbols (reused from run to run).
+    places: Vec<Place>,
+    symbols: Vec<u8>,
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(dtype: DType, tables: &'a BinTables, bytes: &'a [u8]) -> Result<Decoder<'a>> {
+        let layout = Layout::of(dtype).ok_or_else(|| bad(format!("{} is not an 8- or 16-bit format", dtype.name())))?;
+        if bytes.len() < MIN_CHUNK_LEN {
+            return Err(bad("the chunk is shorter than its states"));
+        }
+        let mut states = [0u32; STATES];
+        for (s, b) in states.iter_mut().zip(bytes.chunks_exact(4)) {
+            *s = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if *s < LOW {
+                return Err(bad("a coder state below its range"));
+            }
+        }
+        let n = u32::from_le_bytes(bytes[4 * STATES..MIN_CHUNK_LEN].try_into().unwrap()) as usize;
+        let rest = &bytes[MIN_CHUNK_LEN..];
+        if n > rest.len() / 2 {
+            return Err(bad(format!("{n} words in {} bytes", rest.len())));
+        }
+        let (words, raw) = rest.split_at(2 * n);
+        Ok(Decoder {
+            layout,
+            tables,
+            states,
+            words,
+            pos: 0,
+            bits: BitReader::new(raw),
+            j: 0,
+            broken: false,
+            places: Vec::new(),
+            symbols: Vec::new(),
+        })
+    }
+
+    /// The next `out.len()` scalars, against `mu` and their sigma codes, in three passes that
+    /// each keep the processor busy: every scalar's place (B1), then the rANS steps alone (a
+    /// short loop whose 32 independent chains overlap), then the patterns and raw bits.
+    pub fn run<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
+        let l = self.layout;
+        let n = out.len();
+        let places = &mut self.places;
+        places.clear();
+        places.extend(mu.iter().zip(codes).map(|(&m, &c)| place(l, m, c).unwrap_or(Place::NONE)));
+        let symbols = &mut self.symbols;
+        symbols.clear();
+        symbols.resize(n, 0);
+        let (tables, words) = (self.tables, self.words);
+        let slot_mask = (1u32 << PRECISION) - 1;
+        let (mut j, mut pos) = (self.j, self.pos);
+        let mut states = self.states;
+        for (sym, p) in symbols.iter_mut().zip(places.iter()) {
+            if p.table == Place::NONE.table {
+                j += 1;
+                continue;
+            }
+            let s = states[j % STATES];
+            let slot = s & slot_mask;
+            let symbol = tables.lut[(p.table << PRECISION) | slot as usize];
+            let e = tables.entries[p.table * SYMBOLS + symbol as usize];
+            let next = (e & 0xFFFF) * (s >> PRECISION) + slot - (e >> 16);
+            let need = next < LOW;
+            let word = match words.get(2 * pos..2 * pos + 2) {
+                Some(b) => u16::from_le_bytes([b[0], b[1]]) as u32,
+                None => 0,
+            };
+            states[j % STATES] = if need { next << 16 | word } else { next };
+            pos += need as usize;
+            j += 1;
+            *sym = symbol;
+        }
+        self.states = states;
+        (self.j, self.pos) = (j, pos);
+        let raw = &self.bits;
+        let (mut at, mut broken) = (raw.pos, self.broken);
+        for ((o, p), &symbol) in out.iter_mut().zip(places.iter()).zip(symbols.iter()) {
+            *o = W::from_u32(if p.table == Place::NONE.table || symbol as usize == ESCAPE {
+                raw.read_at(&mut at, l.width)
+            } else {
+                pattern(l, raw, &mut at, &mut broken, *p, symbol as i64 - HALF)
+            });
+        }
+        self.bits.pos = at;
+        self.broken = broken || pos > self.words.len() / 2;
+    }
+
+    /// B5, after the chunk's last run.
+    pub fn finish(&self) -> Result<()> {
+        if self.broken {
+            return Err(bad("a decoded bin holds no value of the format"));
+        }
+        if 2 * self.pos != self.words.len() || self.states.iter().any(|&s| s != LOW) || !self.bits.finished_cleanly() {
+            return Err(bad("coded data does not end where its scalars do"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed;
+        move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s >> 11
+        }
+    }
+
+    fn roundtrip<W: Word + PartialEq + std::fmt::Debug>(dtype: DType, x: &[W], mu: &[f32], codes: &[i16]) -> usize {
+        let tables = BinTables::shared(&ModelParams::default());
+        let mut enc = Encoder::new(dtype, tables.clone(), x.len()).unwrap();
+        let cut = x.len() / 3;
+        enc.run(&x[..cut], &mu[..cut], &codes[..cut]);
+        enc.run(&x[cut..], &mu[cut..], &codes[cut..]);
+        let bytes = enc.finish();
+        let mut out = vec![W::default(); x.len()];
+        let mut dec = Decoder::new(dtype, &tables, &bytes).unwrap();
+        dec.run(&mut out[..cut], &mu[..cut], &codes[..cut]);
+        dec.run(&mut out[cut..], &mu[cut..], &codes[cut..]);
+        dec.finish().unwrap();
+        assert_eq!(out, x, "{}", dtype.name());
+        bytes.len()
+    }
+
+    #[test]
+    fn the_quotient_is_the_division_for_every_frequency() {
+        let mut next = lcg(5);
+        for f in 1..1u32 << PRECISION {
+            let c = Coding::new(f, 0);
+            let edges = [0u32, 1, f - 1, f, f + 1, u32::MAX, u32::MAX - 1, u32::MAX / f * f, (u32::MAX / f) * f - 1];
+            for x in edges.into_iter().chain((0..100).map(|_| next() as u32)) {
+                assert_eq!(c.quotient(x), x / f, "x = {x}, f = {f}");
+            }
+        }
+    }
+
+    #[test]
+    fn tables_sum_to_the_precision_and_every_slot_has_a_symbol() {
+        let t = BinTables::shared(&ModelParams::default());
+        for table in 0..TABLES {
+            let row = &t.entries[table * SYMBOLS..(table + 1) * SYMBOLS];
+            let sum: u32 = row.iter().map(|e| e & 0xFFFF).sum();
+            assert_eq!(sum, 1 << PRECISION, "table {table}");
+            assert_eq!(row[ESCAPE] & 0xFFFF, ESCAPE_FREQ);
+            assert!(row.iter().filter(|&&e| e & 0xFFFF > 0).count() >= 3, "table {table}");
+            let slots = &t.lut[table << PRECISION..(table + 1) << PRECISION];
+            for (slot, &s) in slots.iter().enumerate() {
+                let e = row[s as usize];
+                assert!((e >> 16..(e >> 16) + (e & 0xFFFF)).contains(&(slot as u32)));
+            }
+        }
+    }
+
+    #[test]
+    fn every_pattern_round_trips_against_many_predictions() {
+        let mut next = lcg(9);
+        for dtype in [DType::BFloat16, DType::Float16] {
+            let n = 1 << 16;
+            let x: Vec<u16> = (0..n).map(|i| i as u16).collect();
+            let mu: Vec<f32> = (0..n)
+                .map(|i| match i % 5 {
+                    0 => f32::from_bits(next() as u32),
+                    1 => 0.0,
+                    2 => (next() % 2000) as f32 / 100.0 - 10.0,
+                    3 => f32::NAN,
+                    _ => -1e-30,
+                })
+                .collect();
+            let codes: Vec<i16> = (0..n).map(|_| (next() % 2040) as i16 - 1016).collect();
+            roundtrip(dtype, &x, &mu, &codes);
+        }
+        for dtype in [DType::Float8E4M3Fn, DType::Float8E5M2] {
+            let n = 256 * 40;
+            let x: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let mu: Vec<f32> = (0..n).map(|i| ((i / 256) as f32 - 20.0) * 0.37).collect();
+            let codes: Vec<i16> = (0..n).map(|i| ((i / 256) as i16 - 20) * 5).collect();
+            roundtrip(dtype, &x, &mu, &codes);
+        }
+    }
+
+    #[test]
+    fn close_predictions_cost_few_bits() {
+        // bf16 values of N(mu, 0.1) around mu = 0.3: about log2(sigma sqrt(2 pi e) / ulp)
+        let mut next = lcg(3);
+        let n = 1 << 16;
+        let mu = vec![0.3f32; n];
+        let codes = vec![crate::model::ladder::sigma_code(0.1).unwrap(); n];
+        let x: Vec<u16> = (0..n)
+            .map(|_| {
+                let u: f64 = (1..=12).map(|_| (next() % 1_000_000) as f64 / 1e6).sum::<f64>() - 6.0;
+                let v = (0.3 + 0.1 * u) as f32;
+                (v.to_bits().wrapping_add(0x7FFF + ((v.to_bits() >> 16) & 1)) >> 16) as u16
+            })
+            .collect();
+        let bits = roundtrip(DType::BFloat16, &x, &mu, &codes) as f64 * 8.0 / n as f64;
+        // the sample's own entropy (an underestimate of the source's at this sample size)
+        let mut counts = std::collections::HashMap::new();
+        for &w in &x {
+            *counts.entry(w).or_insert(0u32) += 1;
+        }
+        let entropy: f64 = counts.values().map(|&c| -(c as f64 / n as f64) * (c as f64 / n as f64).log2()).sum();
+        assert!(bits < entropy + 0.15, "{bits} bits per scalar, entropy {entropy}");
+        assert!(bits > entropy - 0.01, "{bits} bits per scalar, entropy {entropy}");
+    }
+
+    #[test]
+    fn damaged_chunks_are_refused_or_decode_without_panicking() {
+        let tables = BinTables::shared(&ModelParams::default());
+        let mut next = lcg(4);
+        let n = 3000;
+        let x: Vec<u16> = (0..n).map(|_| next() as u16).collect();
+        let mu: Vec<f32> = (0..n).map(|_| (next() % 100) as f32 / 10.0).collect();
+        let codes = vec![0i16; n];
+        let mut enc = Encoder::new(DType::BFloat16, tables.clone(), n).unwrap();
+        enc.run(&x, &mu, &codes);
+        let bytes = enc.finish();
+        let mut out = vec![0u16; n];
+        for cut in [0, 10, MIN_CHUNK_LEN, bytes.len() / 2, bytes.len() - 1] {
+            let r = Decoder::new(DType::BFloat16, &tables, &bytes[..cut]).and_then(|mut d| {
+                d.run(&mut out, &mu, &codes);
+                d.finish()
+            });
+            assert!(r.is_err(), "cut at {cut}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 1 << (i % 8);
+            if let Ok(mut d) = Decoder::new(DType::BFloat16, &tables, &b) {
+                d.run(&mut out, &mu, &codes);
+                let _ = d.finish();
+            }
+        }
+    }
+}
