@@ -62,6 +62,9 @@ use crate::model::ModelParams;
 use crate::words::Word;
 use crate::DType;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// Interleaved rANS states per chunk.
 pub const STATES: usize = 32;
 /// log2 of every table's total frequency.
@@ -270,7 +273,8 @@ impl BinTables {
         let mix = |z: f64| (wn * normal_cdf(z) + ww * normal_cdf(z / wide)) / (wn + ww);
         let support = SUPPORT_WIDE_SIGMAS * wide;
         let slots = 1usize << PRECISION;
-        let mut lut = vec![0u8; TABLES * slots];
+        // 4 bytes past the last slot: the vector decoder reads each slot as a 4-byte gather
+        let mut lut = vec![0u8; TABLES * slots + 4];
         let mut entries = vec![0u32; TABLES * SYMBOLS];
         let mut coding = vec![Coding::default(); TABLES * SYMBOLS];
         let mut h = Hasher::new();
@@ -387,6 +391,67 @@ impl BitReader {
         self.pos <= self.len_bits
             && self.len_bits - self.pos < 8
             && (self.len_bits == self.pos || self.bytes[self.pos >> 3] >> (self.pos & 7) == 0)
+    }
+}
+
+/// The decoder's positions while it runs: the scalar (B4's `j`), the next word, the next raw
+/// bit, and whether a decoded bin held no value (B5).
+#[derive(Debug, Clone, Copy)]
+struct Cursor {
+    j: usize,
+    pos: usize,
+    at: usize,
+    broken: bool,
+}
+
+/// One scalar, portably: B1, its rANS step (B4), then `finish`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn decode_one(
+    l: Layout,
+    tables: &BinTables,
+    words: &[u8],
+    raw: &BitReader,
+    states: &mut [u32; STATES],
+    cur: &mut Cursor,
+    m: f32,
+    c: i16,
+) -> u32 {
+    let Some(p) = place(l, m, c) else {
+        cur.j += 1;
+        return raw.read_at(&mut cur.at, l.width);
+    };
+    let symbol = step(tables, words, states, cur, p.table);
+    finish(l, raw, &mut cur.at, &mut cur.broken, p, symbol)
+}
+
+/// B4's decoding step of scalar `cur.j` with `table`; returns the symbol.
+#[inline(always)]
+fn step(tables: &BinTables, words: &[u8], states: &mut [u32; STATES], cur: &mut Cursor, table: usize) -> usize {
+    let s = states[cur.j % STATES];
+    let slot = s & ((1u32 << PRECISION) - 1);
+    let symbol = tables.lut[(table << PRECISION) | slot as usize] as usize;
+    let e = tables.entries[table * SYMBOLS + symbol];
+    let next = (e & 0xFFFF) * (s >> PRECISION) + slot - (e >> 16);
+    let need = next < LOW;
+    // past the last word it reads 0; `Decoder::finish` then refuses the chunk
+    let word = match words.get(2 * cur.pos..2 * cur.pos + 2) {
+        Some(b) => u16::from_le_bytes([b[0], b[1]]) as u32,
+        None => 0,
+    };
+    states[cur.j % STATES] = if need { next << 16 | word } else { next };
+    cur.pos += need as usize;
+    cur.j += 1;
+    symbol
+}
+
+/// A placed scalar's pattern from its symbol: the escape's raw pattern, or its bin's (B2-B3).
+#[inline(always)]
+fn finish(l: Layout, raw: &BitReader, at: &mut usize, broken: &mut bool, p: Place, symbol: usize) -> u32 {
+    if symbol == ESCAPE {
+        raw.read_at(at, l.width)
+    } else {
+        pattern(l, raw, at, broken, p, symbol as i64 - HALF)
     }
 }
 
@@ -560,10 +625,58 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    /// The next `out.len()` scalars, against `mu` and their sigma codes, in three passes that
-    /// each keep the processor busy: every scalar's place (B1), then the rANS steps alone (a
-    /// short loop whose 32 independent chains overlap), then the patterns and raw bits.
+    /// The next `out.len()` scalars, against `mu` and their sigma codes (the same for every
+    /// kernel: `avx512` where it runs, else `run_portable`).
     pub fn run<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::enabled() {
+            self.run_vector(out, mu, codes);
+            return;
+        }
+        self.run_portable(out, mu, codes)
+    }
+
+    /// `run` with the AVX-512 groups where they apply, one scalar at a time elsewhere.
+    #[cfg(target_arch = "x86_64")]
+    fn run_vector<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
+        let (l, tables, words) = (self.layout, self.tables, self.words);
+        let mut cur = Cursor { j: self.j, pos: self.pos, at: self.bits.pos, broken: self.broken };
+        let mut states = self.states;
+        let n = out.len().min(mu.len()).min(codes.len());
+        let mut i = 0;
+        while i < n {
+            if cur.j.is_multiple_of(16) && n - i >= 16 {
+                // SAFETY: `avx512::enabled()` checked for AVX-512F; `cur.j` is a multiple of 16.
+                let done = unsafe {
+                    avx512::groups(
+                        l,
+                        tables,
+                        words,
+                        &self.bits,
+                        &mut states,
+                        &mut cur,
+                        &mut out[i..n],
+                        &mu[i..n],
+                        &codes[i..n],
+                    )
+                };
+                if done > 0 {
+                    i += done;
+                    continue;
+                }
+            }
+            out[i] = W::from_u32(decode_one(l, tables, words, &self.bits, &mut states, &mut cur, mu[i], codes[i]));
+            i += 1;
+        }
+        self.states = states;
+        (self.j, self.pos, self.bits.pos) = (cur.j, cur.pos, cur.at);
+        self.broken = cur.broken || cur.pos > words.len() / 2;
+    }
+
+    /// `run` in three passes that each keep the processor busy: every scalar's place (B1),
+    /// then the rANS steps alone (a short loop whose 32 independent chains overlap), then the
+    /// patterns and raw bits.
+    fn run_portable<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
         let l = self.layout;
         let n = out.len();
         let places = &mut self.places;
