@@ -30,7 +30,7 @@ fn main() {
     let shape = [layers as u64, c as u64, t as u64];
     let sigma = SigmaCodes::broadcast(&codes, &[layers, c, 1], &[layers, c, t]).unwrap();
     // a third of the coefficients non-zero (the calibrated ones are dense; zeros are skipped)
-    let coef: Vec<f32> = (0..layers * c * 2 * c).map(|k| if k % 3 == 0 { 1e-3 } else { 0.0 }).collect();
+    let coef: Vec<f32> = (0..layers * c * 2 * c).map(|k| if k % 3 != 3 { 1e-3 } else { 0.0 }).collect();
     for (name, e) in [("plain", None), ("joint E=0", Some(0)), ("joint E=C (values)", Some(c))] {
         let joint = e.map(|e| Joint {
             channels: c,

@@ -65,8 +65,9 @@ use crate::DType;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Interleaved rANS states per chunk.
+/// Interleaved rANS states per chunk (the header's lanes byte: the fast lane's count).
 pub const STATES: usize = 32;
+const _: () = assert!(STATES == crate::fast_lane::STATES);
 /// log2 of every table's total frequency.
 pub const PRECISION: u32 = 14;
 /// Bins per sigma, as log2 (B1: `w` is sigma / 4 to sigma / 8 wide).
