@@ -10,7 +10,7 @@ use crate::format::header::{
     FLAG_TOKEN_SCALE, FLAG_TORCH_HINT, MAX_CHUNK_SCALARS, MAX_SCALARS,
 };
 use crate::hash::{checksum, matches, Hasher};
-use crate::joint::{residuals, residuals_of, values_into, Joint};
+use crate::joint::{residuals, residuals_of, values_into, Joint, BLOCK};
 use crate::model::ModelParams;
 use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
@@ -118,6 +118,9 @@ fn joint_runs<W: Word>(
     let (t, per_layer, dtype) = (joint.tokens, joint.layer_scalars(), model.dtype);
     let mut own = vec![0f32; per_layer];
     let mut corrected = vec![0f32; t];
+    // channels in whole blocks take their first terms together (`Joint::block`)
+    let blocked = joint.channels / BLOCK * BLOCK;
+    let mut block = vec![0f32; BLOCK * t];
     // with a token scale: the scaled codes and the run's values (taken against two means)
     let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t], vec![0f32; t]));
     for local in (0..x.len()).step_by(per_layer) {
@@ -134,7 +137,15 @@ fn joint_runs<W: Word>(
         for i in 0..joint.channels {
             let run = local + i * t..local + (i + 1) * t;
             let base = &mu[start + run.start..start + run.end];
-            joint.conditional(layer, i, base, &own, &mut corrected);
+            if i < blocked {
+                let i0 = i / BLOCK * BLOCK;
+                if i == i0 {
+                    joint.block(layer, i0, &own, &mut block);
+                }
+                joint.finish(layer, i, i0, base, &own, &block[(i - i0) * t..(i - i0 + 1) * t], &mut corrected);
+            } else {
+                joint.conditional(layer, i, base, &own, &mut corrected);
+            }
             let calibrated = &codes[run.clone()];
             let own_run = &mut own[i * t..(i + 1) * t];
             match &mut energy {

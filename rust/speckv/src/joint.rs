@@ -145,6 +145,167 @@ impl<'a> Joint<'a> {
     }
 }
 
+/// Channels whose sums `Joint::block` accumulates together: each source row is loaded once
+/// for all of them instead of once per channel (the sums are bound by those loads).
+pub const BLOCK: usize = 4;
+
+impl Joint<'_> {
+    /// The first terms of J1's sums of channels `i0 .. i0 + BLOCK` of `layer`: the offset,
+    /// every outside channel's term and the terms of own channels `..i0`, in J1's order and
+    /// skipping zero coefficients as `conditional` does, into `acc` (`BLOCK x T`, channel by
+    /// channel). `finish` adds the rest: what `conditional` computes, bit for bit, since
+    /// every token's sum is the same sequence of operations.
+    pub fn block(&self, layer: usize, i0: usize, own: &[f32], acc: &mut [f32]) {
+        let (t, e) = (self.tokens, self.outside_channels);
+        let w = self.width();
+        let rows: [&[f32]; BLOCK] =
+            std::array::from_fn(|c| &self.coef[(layer * self.channels + i0 + c) * w..][..e + i0]);
+        let offsets: [f32; BLOCK] = std::array::from_fn(|c| self.offset[layer * self.channels + i0 + c]);
+        let outside = &self.outside[layer * e * t..(layer + 1) * e * t];
+        let args = BlockSum { rows, offsets, outside, own: &own[..i0 * t], tokens: t };
+        #[cfg(target_arch = "x86_64")]
+        {
+            if wide_kernels() {
+                // SAFETY: `wide_kernels()` checked at run time that this CPU has AVX2 and
+                // AVX-512F, the features `block_wide` is compiled for.
+                unsafe { block_wide(&args, acc) };
+                return;
+            }
+        }
+        block_tiles::<BLOCK_TILE>(&args, acc);
+    }
+
+    /// J1's `mu'` of channel `i` of `layer` from `acc`, its sum over the terms before own
+    /// channel `i0` (`block`): the terms of own channels `i0..i`, then `mu + acc`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(&self, layer: usize, i: usize, i0: usize, mu: &[f32], own: &[f32], acc: &[f32], out: &mut [f32]) {
+        let (t, e) = (self.tokens, self.outside_channels);
+        let row = &self.coef[(layer * self.channels + i) * self.width()..][e + i0..e + i];
+        let out = &mut out[..t];
+        out.copy_from_slice(&acc[..t]);
+        for (j, &a) in row.iter().enumerate() {
+            if a != 0.0 {
+                for (slot, &r) in out.iter_mut().zip(&own[(i0 + j) * t..(i0 + j + 1) * t]) {
+                    *slot += a * r;
+                }
+            }
+        }
+        for (o, &m) in out.iter_mut().zip(mu) {
+            *o += m; // float addition commutes exactly: mu + acc
+        }
+    }
+}
+
+/// `BLOCK` channels' first terms (`Joint::block`) and what they read.
+#[derive(Clone, Copy)]
+struct BlockSum<'s> {
+    rows: [&'s [f32]; BLOCK],
+    offsets: [f32; BLOCK],
+    outside: &'s [f32],
+    own: &'s [f32],
+    tokens: usize,
+}
+
+/// Tokens per tile of `block_tiles`: `BLOCK` channels' accumulators of a tile stay in
+/// registers (4 x 64 float32 = sixteen AVX-512 registers).
+const BLOCK_TILE: usize = 64;
+
+#[inline(always)]
+fn block_tiles<const T: usize>(s: &BlockSum, acc: &mut [f32]) {
+    let t = s.tokens;
+    let sources = || s.outside.chunks_exact(t).chain(s.own.chunks_exact(t));
+    let mut t0 = 0;
+    while t0 + T <= t {
+        let mut tile = [[0f32; T]; BLOCK];
+        for (c, row) in tile.iter_mut().enumerate() {
+            *row = [s.offsets[c]; T];
+        }
+        for (j, source) in sources().enumerate() {
+            let src: &[f32; T] = source[t0..t0 + T].try_into().unwrap();
+            for (c, row) in tile.iter_mut().enumerate() {
+                let a = s.rows[c][j];
+                if a != 0.0 {
+                    for k in 0..T {
+                        row[k] += a * src[k];
+                    }
+                }
+            }
+        }
+        for (c, row) in tile.iter().enumerate() {
+            acc[c * t + t0..c * t + t0 + T].copy_from_slice(row);
+        }
+        t0 += T;
+    }
+    if t0 < t {
+        block_tail(s, acc, t0);
+    }
+}
+
+/// `block_tiles` for tokens `t0..`, one channel at a time.
+fn block_tail(s: &BlockSum, acc: &mut [f32], t0: usize) {
+    let t = s.tokens;
+    let sources = || s.outside.chunks_exact(t).chain(s.own.chunks_exact(t));
+    {
+        for c in 0..BLOCK {
+            let tail = &mut acc[c * t + t0..(c + 1) * t];
+            tail.fill(s.offsets[c]);
+            for (source, &a) in sources().zip(s.rows[c]) {
+                if a != 0.0 {
+                    for (slot, &r) in tail.iter_mut().zip(&source[t0..]) {
+                        *slot += a * r;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `block_tiles` compiled for AVX2 and AVX-512F (the same operations in the same order).
+/// `block_tiles` with AVX-512F: a tile's `BLOCK x 64` sums in sixteen registers, each source
+/// vector loaded once for the block; per token the same multiplies and adds in the same order
+/// (`_mm512_mul_ps` then `_mm512_add_ps`, never fused).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn block_wide(s: &BlockSum, acc: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const V: usize = 16;
+    const TILE: usize = 4 * V;
+    let t = s.tokens;
+    let n_sources = s.outside.len() / t.max(1) + s.own.len() / t.max(1);
+    let source =
+        |j: usize| if j < s.outside.len() / t { &s.outside[j * t..] } else { &s.own[j * t - s.outside.len()..] };
+    let mut t0 = 0;
+    while t0 + TILE <= t {
+        let mut sum: [[__m512; 4]; BLOCK] = std::array::from_fn(|c| [_mm512_set1_ps(s.offsets[c]); 4]);
+        for j in 0..n_sources {
+            let src = source(j)[t0..t0 + TILE].as_ptr();
+            // SAFETY: `src` points at TILE floats of the source row (sliced above).
+            let x: [__m512; 4] = std::array::from_fn(|v| _mm512_loadu_ps(src.add(v * V)));
+            for (c, row) in sum.iter_mut().enumerate() {
+                let a = s.rows[c][j];
+                if a != 0.0 {
+                    let a = _mm512_set1_ps(a);
+                    for v in 0..4 {
+                        row[v] = _mm512_add_ps(row[v], _mm512_mul_ps(a, x[v]));
+                    }
+                }
+            }
+        }
+        for (c, row) in sum.iter().enumerate() {
+            for (v, &r) in row.iter().enumerate() {
+                // SAFETY: `c * t + t0 + v * V + V <= BLOCK * t`, the length `acc` is given with.
+                _mm512_storeu_ps(acc[c * t + t0 + v * V..].as_mut_ptr(), r);
+            }
+        }
+        t0 += TILE;
+    }
+    if t0 < t {
+        // the last, partial tile: the portable code's
+        let tail = BlockSum { tokens: t, ..*s };
+        block_tail(&tail, acc, t0);
+    }
+}
+
 /// One channel's conditional sum (invariant J1) and what it reads.
 struct Sum<'s> {
     row: &'s [f32],
@@ -330,6 +491,47 @@ mod tests {
                     j.conditional(layer, i, &mu, &own, &mut out);
                     let want = reference(&j, layer, i, &mu, &own);
                     assert!(out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "c {c} t {t} e {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocked_sums_compute_invariant_j1_bit_for_bit() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for &(c, t, e) in &[(8usize, 200usize, 3usize), (4, 64, 0), (12, 7, 1), (8, 129, 2)] {
+            let layers = 2;
+            let outside: Vec<f32> = (0..layers * e * t).map(|_| next()).collect();
+            let coef: Vec<f32> =
+                (0..layers * c * (e + c)).map(|k| if k % 5 == 0 { 0.0 } else { next() * 1e-3 }).collect();
+            let offset: Vec<f32> = (0..layers * c).map(|_| if next() > 1.0 { -0.0 } else { next() }).collect();
+            let j =
+                Joint { channels: c, tokens: t, outside_channels: e, outside: &outside, coef: &coef, offset: &offset };
+            let own: Vec<f32> = (0..c * t).map(|_| next() * 1e4).collect();
+            let mu: Vec<f32> = (0..t).map(|_| next() * 1e-2).collect();
+            let mut acc = vec![0f32; BLOCK * t];
+            for layer in 0..layers {
+                for i0 in (0..c).step_by(BLOCK) {
+                    j.block(layer, i0, &own, &mut acc);
+                    // the portable tiles compute what the kernel this machine runs computes
+                    let w = e + c;
+                    let rows: [&[f32]; BLOCK] = std::array::from_fn(|k| &coef[(layer * c + i0 + k) * w..][..e + i0]);
+                    let offsets: [f32; BLOCK] = std::array::from_fn(|k| offset[layer * c + i0 + k]);
+                    let outside = &outside[layer * e * t..(layer + 1) * e * t];
+                    let args = BlockSum { rows, offsets, outside, own: &own[..i0 * t], tokens: t };
+                    let mut portable = vec![0f32; BLOCK * t];
+                    block_tiles::<BLOCK_TILE>(&args, &mut portable);
+                    assert!(portable.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits()), "c {c} t {t} e {e}");
+                    for i in i0..i0 + BLOCK {
+                        let mut out = vec![0f32; t];
+                        j.finish(layer, i, i0, &mu, &own, &acc[(i - i0) * t..(i - i0 + 1) * t], &mut out);
+                        let want = reference(&j, layer, i, &mu, &own);
+                        assert!(out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "c {c} t {t} e {e}");
+                    }
                 }
             }
         }
