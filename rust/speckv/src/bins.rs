@@ -34,9 +34,12 @@
 //! * **B4 (the coder).** rANS with 32 states as in the fast lane (`fast_lane` F1, without raw
 //!   bits in the slot): scalar `j` of a chunk (a step only where B1 placed it) goes to state
 //!   `j mod STATES`; states live in `[2^16, 2^32)`, one 16-bit word at most per step, the
-//!   encoder runs backwards. Tables sum to `2^PRECISION`, the escape's frequency is
-//!   `ESCAPE_FREQ` (so every step costs > 2^-12 / ln 2 bits: the header's scalars-per-byte
-//!   bound holds), every slot decodes to a symbol with a frequency.
+//!   encoder runs backwards; the decoder renormalises scalar by scalar in increasing `j`, so
+//!   words are read in scalar order (the AVX-512 decoder steps sixteen scalars `j .. j + 16`,
+//!   `j` a multiple of 16, and takes their words in lane order: the same words in the same
+//!   order; raw bits too are read in scalar order). Tables sum to `2^PRECISION`, the
+//!   escape's frequency is `ESCAPE_FREQ` (so every step costs > 2^-12 / ln 2 bits: the
+//!   header's scalars-per-byte bound holds), every slot decodes to a symbol with a frequency.
 //! * **B5 (the ends).** Every state starts at `2^16` and the decoder must end with every state
 //!   there, every word read and every raw bit read (the last byte's unused bits zero); a bin
 //!   that holds no value or a pattern that is not finite fails the chunk as corrupt.

@@ -7,6 +7,7 @@
 //!
 //! Where to find things: the coder and its invariants in [`coder`], the tables and adaptive
 //! models in [`model`], the byte layout in [`format::header`], per-chunk coding in [`chunk`],
+//! static-table coding in [`fast_lane`] (predictor-free) and [`bins`] (predicted),
 //! the joint residual model in [`joint`] and its per-token sigma in [`token_scale`],
 //! threading in [`parallel`].
 
