@@ -1,6 +1,10 @@
-"""Shared strategies: arrays of arbitrary bit patterns in every supported dtype."""
+"""Shared test helpers: arrays of any bit patterns in every dtype; a child with other kernels."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -46,3 +50,12 @@ def as_dtype(words: np.ndarray, name: str) -> np.ndarray:
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     word = DTYPES[a.dtype.name][1]
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(word), b.view(word))
+
+
+def run_in_child(code: str, stdin: bytes, simd: str) -> str:
+    """Runs Python ``code`` in a child process with ``SPECKV_SIMD=simd`` and ``stdin`` as its
+    standard input; returns what it printed (stripped). The kernel cross-checks use it: a
+    process picks its kernels once, at start."""
+    env = {**os.environ, "SPECKV_SIMD": simd}
+    out = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, env=env, check=True)
+    return out.stdout.decode().strip()

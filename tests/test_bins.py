@@ -5,10 +5,6 @@ goldens; damage refused with typed errors."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -17,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speckv
-from helpers import DTYPES, as_dtype, bit_arrays, same_bits
+from helpers import DTYPES, as_dtype, bit_arrays, run_in_child, same_bits
 
 BIN_DTYPES = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
 
@@ -156,6 +152,4 @@ def test_the_same_output_under_every_kernel(simd):
         "y = speckv.decode(sys.stdin.buffer.read(), mu, sigma)\n"
         "print(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(y).view(np.uint16).tobytes()))\n"
     )
-    env = {**os.environ, "SPECKV_SIMD": simd}
-    out = subprocess.run([sys.executable, "-c", code], input=stream, capture_output=True, env=env, check=True)
-    assert out.stdout.decode().strip() == digest
+    assert run_in_child(code, stream, simd) == digest

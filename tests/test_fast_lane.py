@@ -4,10 +4,6 @@ count; the same bytes whatever kernel decodes; the format pinned by goldens; dam
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speckv
-from helpers import DTYPES, as_dtype, bit_arrays, same_bits, shapes
+from helpers import DTYPES, as_dtype, bit_arrays, run_in_child, same_bits, shapes
 
 LANE_DTYPES = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
 
@@ -109,9 +105,7 @@ def test_the_same_output_under_every_kernel(simd):
         "assert speckv.encode(y, chunk_size=50000) == data, 'other bytes'\n"
         "print(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(y).view(np.uint16).tobytes()))\n"
     )
-    env = {**os.environ, "SPECKV_SIMD": simd}
-    out = subprocess.run([sys.executable, "-c", code], input=stream, capture_output=True, env=env, check=True)
-    assert out.stdout.decode().strip() == digest
+    assert run_in_child(code, stream, simd) == digest
 
 
 def test_damage_is_refused_with_a_typed_error():

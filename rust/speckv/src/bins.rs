@@ -689,43 +689,26 @@ impl<'a> Decoder<'a> {
         let symbols = &mut self.symbols;
         symbols.clear();
         symbols.resize(n, 0);
-        let (tables, words) = (self.tables, self.words);
-        let slot_mask = (1u32 << PRECISION) - 1;
-        let (mut j, mut pos) = (self.j, self.pos);
+        let (tables, words, raw) = (self.tables, self.words, &self.bits);
+        let mut cur = Cursor { j: self.j, pos: self.pos, at: raw.pos, broken: self.broken };
         let mut states = self.states;
         for (sym, p) in symbols.iter_mut().zip(places.iter()) {
             if p.table == Place::NONE.table {
-                j += 1;
-                continue;
-            }
-            let s = states[j % STATES];
-            let slot = s & slot_mask;
-            let symbol = tables.lut[(p.table << PRECISION) | slot as usize];
-            let e = tables.entries[p.table * SYMBOLS + symbol as usize];
-            let next = (e & 0xFFFF) * (s >> PRECISION) + slot - (e >> 16);
-            let need = next < LOW;
-            let word = match words.get(2 * pos..2 * pos + 2) {
-                Some(b) => u16::from_le_bytes([b[0], b[1]]) as u32,
-                None => 0,
-            };
-            states[j % STATES] = if need { next << 16 | word } else { next };
-            pos += need as usize;
-            j += 1;
-            *sym = symbol;
-        }
-        self.states = states;
-        (self.j, self.pos) = (j, pos);
-        let raw = &self.bits;
-        let (mut at, mut broken) = (raw.pos, self.broken);
-        for ((o, p), &symbol) in out.iter_mut().zip(places.iter()).zip(symbols.iter()) {
-            *o = W::from_u32(if p.table == Place::NONE.table || symbol as usize == ESCAPE {
-                raw.read_at(&mut at, l.width)
+                cur.j += 1;
             } else {
-                pattern(l, raw, &mut at, &mut broken, *p, symbol as i64 - HALF)
+                *sym = step(tables, words, &mut states, &mut cur, p.table) as u8;
+            }
+        }
+        for ((o, p), &symbol) in out.iter_mut().zip(places.iter()).zip(symbols.iter()) {
+            *o = W::from_u32(if p.table == Place::NONE.table {
+                raw.read_at(&mut cur.at, l.width)
+            } else {
+                finish(l, raw, &mut cur.at, &mut cur.broken, *p, symbol as usize)
             });
         }
-        self.bits.pos = at;
-        self.broken = broken || pos > self.words.len() / 2;
+        self.states = states;
+        (self.j, self.pos, self.bits.pos) = (cur.j, cur.pos, cur.at);
+        self.broken = cur.broken || cur.pos > words.len() / 2;
     }
 
     /// B5, after the chunk's last run.

@@ -245,22 +245,19 @@ fn block_tiles<const T: usize>(s: &BlockSum, acc: &mut [f32]) {
 fn block_tail(s: &BlockSum, acc: &mut [f32], t0: usize) {
     let t = s.tokens;
     let sources = || s.outside.chunks_exact(t).chain(s.own.chunks_exact(t));
-    {
-        for c in 0..BLOCK {
-            let tail = &mut acc[c * t + t0..(c + 1) * t];
-            tail.fill(s.offsets[c]);
-            for (source, &a) in sources().zip(s.rows[c]) {
-                if a != 0.0 {
-                    for (slot, &r) in tail.iter_mut().zip(&source[t0..]) {
-                        *slot += a * r;
-                    }
+    for c in 0..BLOCK {
+        let tail = &mut acc[c * t + t0..(c + 1) * t];
+        tail.fill(s.offsets[c]);
+        for (source, &a) in sources().zip(s.rows[c]) {
+            if a != 0.0 {
+                for (slot, &r) in tail.iter_mut().zip(&source[t0..]) {
+                    *slot += a * r;
                 }
             }
         }
     }
 }
 
-/// `block_tiles` compiled for AVX2 and AVX-512F (the same operations in the same order).
 /// `block_tiles` with AVX-512F: a tile's `BLOCK x 64` sums in sixteen registers, each source
 /// vector loaded once for the block; per token the same multiplies and adds in the same order
 /// (`_mm512_mul_ps` then `_mm512_add_ps`, never fused).
@@ -271,14 +268,11 @@ unsafe fn block_wide(s: &BlockSum, acc: &mut [f32]) {
     const V: usize = 16;
     const TILE: usize = 4 * V;
     let t = s.tokens;
-    let n_sources = s.outside.len() / t.max(1) + s.own.len() / t.max(1);
-    let source =
-        |j: usize| if j < s.outside.len() / t { &s.outside[j * t..] } else { &s.own[j * t - s.outside.len()..] };
     let mut t0 = 0;
     while t0 + TILE <= t {
         let mut sum: [[__m512; 4]; BLOCK] = std::array::from_fn(|c| [_mm512_set1_ps(s.offsets[c]); 4]);
-        for j in 0..n_sources {
-            let src = source(j)[t0..t0 + TILE].as_ptr();
+        for (j, source) in s.outside.chunks_exact(t).chain(s.own.chunks_exact(t)).enumerate() {
+            let src = source[t0..t0 + TILE].as_ptr();
             // SAFETY: `src` points at TILE floats of the source row (sliced above).
             let x: [__m512; 4] = std::array::from_fn(|v| _mm512_loadu_ps(src.add(v * V)));
             for (c, row) in sum.iter_mut().enumerate() {
@@ -301,8 +295,7 @@ unsafe fn block_wide(s: &BlockSum, acc: &mut [f32]) {
     }
     if t0 < t {
         // the last, partial tile: the portable code's
-        let tail = BlockSum { tokens: t, ..*s };
-        block_tail(&tail, acc, t0);
+        block_tail(s, acc, t0);
     }
 }
 

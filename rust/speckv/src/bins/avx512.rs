@@ -136,14 +136,11 @@ pub(super) unsafe fn groups<W: Word>(
         let mut depth = [0i32; WIDTH];
         let mut walked = cur.at;
         let mut deep = false;
-        let counts = {
-            let mut c = [0i32; WIDTH];
-            _mm512_storeu_si512(c.as_mut_ptr() as *mut _, n);
-            c
-        };
         let fits =
             cur.at < 1 << 30 && (cur.at + WIDTH * (l.m as usize + 1 + DEPTH_MAX as usize)) / 8 + 4 <= raw.bytes.len();
         if special == 0 && fits && zero_bin != 0 {
+            let mut counts = [0i32; WIDTH];
+            _mm512_storeu_si512(counts.as_mut_ptr() as *mut _, n);
             for lane in 0..WIDTH {
                 if zero_bin >> lane & 1 == 1 {
                     let d = ((raw.peek_at(walked) as u32) | 1 << DEPTH_MAX).trailing_zeros();
