@@ -589,7 +589,7 @@ fn residuals<'py>(
 fn exact_tables<'py>(py: Python<'py>, dtype_name: &str) -> PyResult<Bound<'py, PyDict>> {
     let dtype = dtype(dtype_name)?;
     let p = ModelParams::default();
-    let t = speckv::exact_tables::exact_tables(dtype, &p).map_err(to_py)?;
+    let t = speckv::exact_tables(dtype, &p).map_err(to_py)?;
     let d = PyDict::new(py);
     d.set_item("nodes", PyArray1::from_vec(py, t.nodes))?;
     d.set_item("edges", PyArray1::from_vec(py, t.edges))?;

@@ -59,11 +59,11 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hash::Hasher;
 use crate::model::ModelParams;
 use crate::words::Word;
-use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;

@@ -23,6 +23,7 @@
 use std::sync::Arc;
 
 use crate::coder::{RangeDecoder, SymbolSink};
+use crate::dtype::DType;
 use crate::error::Error;
 use crate::exact::Exact;
 use crate::model::grid::ValueGrid;
@@ -30,7 +31,6 @@ use crate::model::ladder::{ScaleMap, SigmaTable, CHOICE_SHIFT_POS, CHOICE_TABLE_
 use crate::model::mixture::MixtureCdf;
 use crate::model::{ModelParams, RawPatternModel, TableBank};
 use crate::words::Word;
-use crate::DType;
 
 /// Independent coders per chunk in streams this build writes (format version 2).
 pub const LANES: usize = 8;

@@ -3,6 +3,7 @@
 use crate::bins;
 use crate::chunk::{unclean_end, ModelKind, PredictedModel, StreamModel, LANES, LANES_V1};
 use crate::coder::{IdealMeter, RangeDecoder, RangeEncoder, SymbolSink};
+use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::fast_lane;
 use crate::format::header::{
@@ -16,7 +17,6 @@ use crate::parallel::{for_each_piece_mut, map_chunks};
 use crate::prediction::{codes_and_fingerprint, Prediction, MAX_NDIM};
 use crate::token_scale::{TokenEnergy, TokenScale};
 use crate::words::{Bits, BitsMut, Word};
-use crate::DType;
 
 /// Scalars per chunk unless told otherwise: small enough for a layer to spread over threads,
 /// large enough that the 32-byte index entry and the coder's last word cost < 0.05%.

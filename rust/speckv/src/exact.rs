@@ -11,6 +11,8 @@ use crate::model::mixture::MixtureCdf;
 use crate::model::RawPatternModel;
 use crate::words::Word;
 
+pub mod tables;
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

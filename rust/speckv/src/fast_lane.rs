@@ -54,9 +54,9 @@
 //! ..      2 * words       the words (u16 each), in the order the decoder reads them
 //! ```
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::words::Word;
-use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

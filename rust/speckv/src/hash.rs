@@ -1,5 +1,6 @@
 //! Checksums, fingerprints and digests: XXH3-64, the same on every platform. Used by the
-//! container (chunk and header checksums), the prediction fingerprint and the table digests.
+//! container (chunk and header checksums), the prediction fingerprint and the table digests;
+//! and the plain bytes those fingerprints hash (`plain_bytes`).
 
 /// Streaming XXH3-64.
 pub struct Hasher(xxhash_rust::xxh3::Xxh3);
@@ -35,4 +36,20 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 /// refuse bad bytes without the checksums' help.
 pub fn matches(bytes: &[u8], stored: u64) -> bool {
     cfg!(fuzzing) || checksum(bytes) == stored
+}
+
+/// Number types whose every byte is initialised and which have no padding.
+pub(crate) trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for i16 {}
+
+/// The bytes of a slice of plain numbers in memory order, which is little-endian: the crate
+/// refuses to build for big-endian targets (see `lib.rs`), so fingerprints agree across
+/// machines.
+pub(crate) fn plain_bytes<T: Plain>(values: &[T]) -> &[u8] {
+    // SAFETY:
+    // - `values` is a valid slice of `T: Plain`: every byte is initialised, with no padding;
+    // - `u8` has alignment 1 and the byte length is the slice's own size;
+    // - the result borrows `values`, so it cannot outlive it.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }

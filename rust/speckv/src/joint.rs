@@ -34,11 +34,10 @@
 
 use std::sync::OnceLock;
 
+use crate::dtype::DType;
 use crate::error::{invalid, Result};
-use crate::hash::Hasher;
-use crate::prediction::plain_bytes;
+use crate::hash::{plain_bytes, Hasher};
 use crate::words::Word;
-use crate::DType;
 
 /// A joint residual model for a stream of whole layers (see the module's notes).
 #[derive(Debug, Clone, Copy)]

@@ -23,7 +23,6 @@ pub mod coder;
 pub mod dtype;
 pub mod error;
 mod exact;
-pub mod exact_tables;
 pub mod fast_lane;
 pub mod format;
 pub mod hash;
@@ -44,6 +43,7 @@ pub use codec::{
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use exact::kernels;
+pub use exact::tables::{exact_tables, ExactTables};
 pub use prediction::{Prediction, SigmaCodes};
 pub use token_scale::TokenScale;
 pub use words::{Bits, BitsMut, Word};

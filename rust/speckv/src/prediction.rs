@@ -6,7 +6,7 @@
 //! just before each symbol (DESIGN §7) slots in here.
 
 use crate::error::{invalid, Result};
-use crate::hash::Hasher;
+use crate::hash::{plain_bytes, Hasher};
 
 /// Most dimensions a tensor may have.
 pub const MAX_NDIM: usize = 8;
@@ -36,7 +36,7 @@ impl<'a> SigmaCodes<'a> {
                 last = (d - 1)
                     .checked_mul(s)
                     .and_then(|v| v.checked_add(last))
-                    .ok_or_else(|| crate::Error::InvalidArgument("sigma: strides overflow".into()))?;
+                    .ok_or_else(|| crate::error::Error::InvalidArgument("sigma: strides overflow".into()))?;
             }
             if last >= codes.len() {
                 return invalid(format!("sigma: strides reach element {last} of {}", codes.len()));
@@ -207,22 +207,6 @@ pub(crate) fn codes_and_fingerprint(mu: &[f32], sigma: &SigmaCodes, start: usize
     hasher.update(plain_bytes(mu));
     hasher.update(plain_bytes(codes));
     hasher.finish()
-}
-
-/// Number types whose every byte is initialised and which have no padding.
-pub(crate) trait Plain: Copy {}
-impl Plain for f32 {}
-impl Plain for i16 {}
-
-/// The bytes of a slice of plain numbers in memory order, which is little-endian: the crate
-/// refuses to build for big-endian targets (see `lib.rs`), so fingerprints agree across
-/// machines.
-pub(crate) fn plain_bytes<T: Plain>(values: &[T]) -> &[u8] {
-    // SAFETY:
-    // - `values` is a valid slice of `T: Plain`: every byte is initialised, with no padding;
-    // - `u8` has alignment 1 and the byte length is the slice's own size;
-    // - the result borrows `values`, so it cannot outlive it.
-    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
 
 #[cfg(test)]

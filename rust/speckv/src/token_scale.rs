@@ -132,7 +132,7 @@ mod tests {
 
     fn bf16_values(x: &[u16]) -> Vec<f32> {
         let mut out = vec![0.0; x.len()];
-        crate::joint::values_into(crate::DType::BFloat16, x, &mut out);
+        crate::joint::values_into(crate::dtype::DType::BFloat16, x, &mut out);
         out
     }
 

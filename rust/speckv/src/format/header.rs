@@ -46,13 +46,13 @@
 //! its models are the same, so this build decodes it as it was written.
 
 use crate::chunk::{ModelKind, LANES, LANES_V1};
+use crate::dtype::DType;
 use crate::error::{corrupt, Error, Result};
 use crate::fast_lane;
 use crate::hash::{checksum, matches};
 use crate::model::ModelParams;
 use crate::prediction::MAX_NDIM;
 use crate::token_scale::TokenScale;
-use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"SPKV";
 /// The version of every stream this build writes without `FLAG_FAST_LANE`.

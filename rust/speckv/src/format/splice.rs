@@ -108,7 +108,7 @@ pub fn join(streams: &[&[u8]]) -> Result<Vec<u8>> {
         rows = rows
             .checked_add(h.shape[0])
             .filter(|r| r.checked_mul(row).is_some_and(|n| n <= crate::format::header::MAX_SCALARS))
-            .ok_or_else(|| crate::Error::InvalidArgument("join: the joined tensor is too large".into()))?;
+            .ok_or_else(|| crate::error::Error::InvalidArgument("join: the joined tensor is too large".into()))?;
     }
     let pieces: Vec<(&[u8], &[ChunkEntry])> =
         streams.iter().zip(&headers).map(|(s, h)| (*s, h.chunks.as_slice())).collect();
@@ -138,7 +138,10 @@ pub fn cut(stream: &[u8], chunks: Range<usize>) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{encode, Bits, DType, EncodeOptions, Prediction, SigmaCodes};
+    use crate::codec::{encode, EncodeOptions};
+    use crate::dtype::DType;
+    use crate::prediction::{Prediction, SigmaCodes};
+    use crate::words::Bits;
 
     fn stream(rows: std::ops::Range<usize>, predicted: bool, chunk: u32) -> Vec<u8> {
         let (cols, inner) = (3usize, 8usize);

@@ -18,15 +18,13 @@
 //! sides get the same integers. The table itself is built once with a pure-Rust libm and
 //! covered by the stream's table digest. No transcendental function runs while coding.
 
-use super::params::ModelParams;
+use super::params::{ModelParams, MAX_WINDOW};
 use crate::hash::Hasher;
 
 /// Grid steps per unit of z.
 pub(crate) const STEPS_PER_Z: f64 = 64.0;
 /// Fraction bits of the interpolation.
 pub(crate) const FRACTION_BITS: u32 = 16;
-/// Largest window, in patterns (every finite pattern of a 16-bit format fits).
-pub const MAX_WINDOW: u32 = 1 << 16;
 /// Bits of the slot index of the inverse table the decoder guesses from.
 pub(crate) const GUESS_BITS: u32 = 12;
 

@@ -2,6 +2,10 @@
 //! exactly the encoder's model; every value read from a header is range-checked here before it
 //! sizes anything.
 
+/// Largest window of a table, in patterns (every finite pattern of a 16-bit format fits):
+/// `mixture::MixtureCdf` leaves room for it, and `ModelParams::validate` checks there is some.
+pub const MAX_WINDOW: u32 = 1 << 16;
+
 /// Model tunables. `Default` is what `encode` uses; other values are accepted when decoding as
 /// long as they are within the stated bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,7 +87,7 @@ impl ModelParams {
         // the exact model's CDF spans what the escape and the window's one unit per pattern
         // leave of the total (`mixture::MixtureCdf::build`): there must be something left
         let total = 1u64 << self.table_precision;
-        if total <= ((self.weight_escape as u64 * total) >> 16) + crate::model::mixture::MAX_WINDOW as u64 {
+        if total <= ((self.weight_escape as u64 * total) >> 16) + MAX_WINDOW as u64 {
             return bad(format!(
                 "table precision {} leaves no room for the mixture beside the escape and the window",
                 self.table_precision

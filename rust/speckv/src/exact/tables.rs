@@ -2,12 +2,12 @@
 //! (`cuda/speckv_coder.cuh`) codes chunks on the GPU from exactly these numbers, so nothing is
 //! rebuilt there with another libm, and its bytes equal `codec::encode`'s.
 
+use crate::dtype::DType;
 use crate::error::{invalid, Result};
 use crate::model::grid::ValueGrid;
 use crate::model::ladder::{SigmaTable, SIGMA_CODE_MAX, SIGMA_CODE_MIN};
 use crate::model::mixture::MixtureCdf;
 use crate::model::ModelParams;
-use crate::DType;
 
 /// Everything the exact model reads while coding, for one 8- or 16-bit format and one set of
 /// model parameters (field by field what `cuda/speckv_coder.cuh`'s `ExactTables` holds).
@@ -39,7 +39,7 @@ pub fn exact_tables(dtype: DType, params: &ModelParams) -> Result<ExactTables> {
     if dtype.bits() > 16 {
         return invalid(format!("{dtype:?}: the exact model codes 8- and 16-bit formats"));
     }
-    params.validate().map_err(|m| crate::Error::InvalidArgument(format!("model parameters: {m}")))?;
+    params.validate().map_err(|m| crate::error::Error::InvalidArgument(format!("model parameters: {m}")))?;
     let cdf = MixtureCdf::shared(params);
     let grid = ValueGrid::shared(dtype);
     let table = SigmaTable::shared();
