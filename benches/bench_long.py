@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from speckv.cli import _calibrated_codec, build_parser
+from speckv.cli import build_parser
+from speckv.cli.calibration_cache import calibrated_codec
 from speckv.hf import extract_kv, load_demo_model, load_model
 from speckv.hf.cache import other_kernels, prefill
 from speckv.hf.calibration import fp8_quantize
@@ -83,7 +84,7 @@ def main() -> None:
     model, tokenizer = load_model(args.model) if args.model else load_demo_model()
     label = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
     eval_args = build_parser().parse_args(["eval", "--samples", "16", "--seq-len", "512"])
-    codec, path, _ = _calibrated_codec(eval_args, model, tokenizer, label, args.predictor)
+    codec, path, _ = calibrated_codec(eval_args, model, tokenizer, label, args.predictor)
     ids = tokenizer(bundled_text("legal") + bundled_text("evaluation"), return_tensors="pt").input_ids
     print(f"{label}, predictor {args.predictor}, calibrated at 512 tokens ({path}); {args.mode}")
     # one-time costs (threads, torch's kernel caches) first, so that the peaks are the prompt's

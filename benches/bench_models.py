@@ -24,10 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speckv.cli import _calibrated_codec, _evaluate, build_parser, make_predictor
+from speckv.cli import build_parser
+from speckv.cli.calibration_cache import calibrated_codec
+from speckv.cli.evaluation import evaluate_args
+from speckv.cli.predictor_spec import make_predictor
 from speckv.hf import cost, load_demo_model, load_model
 from speckv.hf.demo import bundled_text, prompts
-from speckv.hf.prefix import ModelPrefixPredictor
+from speckv.hf.early_exit import ModelPrefixPredictor
 
 DEFAULT_PREDICTORS = "stats,map,map+hidden,prefix:{third},prefix,fp8-bf16"
 # the early-exit frontier of F. Finn, "Speculative KV coding II" (a draft post; Qwen3-8B, ideal
@@ -89,9 +92,9 @@ def main() -> None:
         for spec in args.predictors.format(third=max(1, n // 3)).split(","):
             make_predictor(spec, model)  # a bad name fails before any work
             start = time.perf_counter()
-            codec, _, cached = _calibrated_codec(eval_args, model, tokenizer, label, spec)
+            codec, _, cached = calibrated_codec(eval_args, model, tokenizer, label, spec)
             calibration_s = time.perf_counter() - start
-            result = _evaluate(eval_args, codec, held_out)
+            result = evaluate_args(eval_args, codec, held_out)
             exact = all(m["exact_round_trip"] for m in result["modes"].values())
             row = {
                 "model": label,

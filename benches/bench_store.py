@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from speckv.cli import _calibrated_codec
+from speckv.cli.calibration_cache import calibrated_codec
 from speckv.hf import PrefixStore, bundled_text, extract_kv, load_demo_model
 from speckv.hf.cache import other_kernels
 from speckv.hf.calibration import fp8_quantize
@@ -53,7 +53,7 @@ def main() -> None:
         recalibrate=False,
         json=False,
     )
-    codec, path, _ = _calibrated_codec(cal_args, model, tokenizer, "SmolLM2-135M-Instruct")
+    codec, path, _ = calibrated_codec(cal_args, model, tokenizer, "SmolLM2-135M-Instruct")
     tokens = tokenizer(bundled_text("evaluation"), return_tensors="pt").input_ids[0]
     shared = tokens[:512]
     prompts = [torch.cat([shared, tokens[512 * (i + 1) : 512 * (i + 2)]])[None, :] for i in range(args.prompts)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-import speckv.cuda
+import speckv.hf.cuda
 
 settings.register_profile(
     "default",
@@ -42,7 +42,7 @@ def cuda_host(tmp_path_factory):
 
 
 class HostDriver:
-    """``cuda.bindings.driver`` as ``speckv.cuda._Module.launch`` calls it, running kernels on
+    """``cuda.bindings.driver`` as ``speckv.hf.cuda._Module.launch`` calls it, running kernels on
     the host build: ``cuLaunchKernel`` reads ``kernelParams`` as the CUDA driver does (an array
     of pointers, each to one parameter's bytes, as many as the compiled kernel declares:
     ``test_the_host_signatures_are_the_kernels_parameters``) and calls ``host_<kernel>`` of
@@ -67,7 +67,7 @@ class HostDriver:
     def cuLaunchKernel(self, name, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert self.cuCtxGetCurrent()[1] == self.CONTEXT, f"{name}: launched with no current context"
         assert (gy, gz, by, bz, shared, extra) == (1, 1, 1, 1, 0, 0), name
-        assert 1 <= gx <= speckv.cuda.MAX_BLOCKS and 1 <= bx <= 1024, (name, gx, bx)
+        assert 1 <= gx <= speckv.hf.cuda.MAX_BLOCKS and 1 <= bx <= 1024, (name, gx, bx)
         kinds = self.signatures[name]
         pointers = (ctypes.c_void_p * len(kinds)).from_address(params)
         values = [k.from_buffer_copy(ctypes.string_at(p, ctypes.sizeof(k))) for k, p in zip(kinds, pointers)]
@@ -77,20 +77,20 @@ class HostDriver:
         return (0,)  # CUDA_SUCCESS
 
 
-class HostModule(speckv.cuda._Module):
-    """``speckv.cuda._Module`` with the host build of the kernels behind a ``HostDriver``: the
-    tests drive ``speckv.cuda``'s own steps and its own ``launch`` (arguments packed as the
+class HostModule(speckv.hf.cuda._Module):
+    """``speckv.hf.cuda._Module`` with the host build of the kernels behind a ``HostDriver``: the
+    tests drive ``speckv.hf.cuda``'s own steps and its own ``launch`` (arguments packed as the
     driver takes them) down to the CUDA driver's interface."""
 
     def __init__(self, lib):  # no GPU: nothing of _Module's loading
-        p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.cuda.ExactTables
+        p, u64, u32, tables = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint, speckv.hf.cuda.ExactTables
         f32, i32 = ctypes.c_float, ctypes.c_int
         self.signatures = {
             "speckv_sigma_codes": [p, p, u64],
             "speckv_relative_sigma_codes": [p, p, p, p, u64, u64],
             "speckv_fp8_quantize": [p, f32, p, u64],
             "speckv_coding_mu": [p, f32, i32, p, u64, p, u64],
-            "speckv_joint_params": [speckv.cuda.JointModel, p, p, p, p, p, p, u64],
+            "speckv_joint_params": [speckv.hf.cuda.JointModel, p, p, p, p, p, p, u64],
             "speckv_exact_symbols": [tables, p, p, p, p, u64],
             "speckv_escapes": [tables, p, p, p, p, u64],
             "speckv_code_lanes": [tables, p, p, p, u64, u64, p, u32, p, u32, p, u64],
@@ -99,13 +99,13 @@ class HostModule(speckv.cuda._Module):
             "speckv_join_lanes": [p, u32, p, p, p, u64],
             "speckv_channel_sums": [p, p, p, p, ctypes.c_double, u64, u64, u64, u64, u64, p, u64],
         }
-        assert set(self.signatures) == {k for kernels in speckv.cuda.PROGRAMS.values() for k in kernels}
+        assert set(self.signatures) == {k for kernels in speckv.hf.cuda.PROGRAMS.values() for k in kernels}
         self.driver = HostDriver(lib, self.signatures)
         self.context = HostDriver.CONTEXT
         self.kernels = {name: name for name in self.signatures}
         self.tables, self.launches = {}, []
 
-    def launch(self, name, n, args, stream, block=speckv.cuda.BLOCK):
+    def launch(self, name, n, args, stream, block=speckv.hf.cuda.BLOCK):
         kinds = self.signatures[name]
         assert len(args) == len(kinds), name
         # The driver reads each parameter's bytes from its array, as the kernel declares it: a
@@ -122,7 +122,7 @@ class HostModule(speckv.cuda._Module):
 
 @pytest.fixture
 def host_gpu(cuda_host, monkeypatch):
-    """`speckv.cuda.encode` on CPU tensors, its kernels run by the host build."""
+    """`speckv.hf.cuda.encode` on CPU tensors, its kernels run by the host build."""
     module = HostModule(cuda_host)
-    monkeypatch.setattr(speckv.cuda, "_module", lambda tensor: (module, 0))
+    monkeypatch.setattr(speckv.hf.cuda, "_module", lambda tensor: (module, 0))
     return module

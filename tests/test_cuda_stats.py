@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import speckv.cuda
+import speckv.hf.cuda
 from speckv import _speckv
 
 torch = pytest.importorskip("torch")
@@ -72,16 +72,16 @@ def test_rust_sums_are_the_exact_integer_sums():
 
 @pytest.mark.parametrize("rows_per_item", [1, 7, 64, 10_000])
 def test_the_kernels_host_build_sums_the_same_integers_in_any_grouping(host_gpu, monkeypatch, rows_per_item):
-    """``speckv.cuda.channel_sums`` driven through the host build: the Rust path's limbs bit
+    """``speckv.hf.cuda.channel_sums`` driven through the host build: the Rust path's limbs bit
     for bit, however the rows are grouped per thread (integers associate)."""
-    monkeypatch.setattr(speckv.cuda, "STATS_ROWS", rows_per_item)
+    monkeypatch.setattr(speckv.hf.cuda, "STATS_ROWS", rows_per_item)
     shape = (3, 2, 50, 16)
     t, p, p8 = _cache(shape, 2)
     from speckv.hf.calibration import fp8_quantize
 
     scale = 0.7
     q = fp8_quantize(t, scale).float()
-    got = speckv.cuda.channel_sums(t, p, p8, q, scale)
+    got = speckv.hf.cuda.channel_sums(t, p, p8, q, scale)
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
     want = _speckv.channel_sums(*flat, scale, 2, 50, 16).reshape(3, 32, 3)
     assert np.array_equal(got, want)
@@ -130,7 +130,7 @@ def test_calibration_statistics_agree_with_float64_sums():
 
 # -- on a GPU (skipped without one) -------------------------------------------------------------
 
-gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
+gpu = pytest.mark.skipif("not __import__('speckv.hf.cuda').hf.cuda.available()", reason="no CUDA device")
 
 
 @gpu
@@ -141,7 +141,7 @@ def test_gpu_channel_sums_match_the_rust_path():
     t, p, p8 = _cache(shape, 5)
     scale = 0.02
     q = fp8_quantize(t, scale).float()
-    got = speckv.cuda.channel_sums(*(a.cuda() for a in (t, p, p8, q)), scale)
+    got = speckv.hf.cuda.channel_sums(*(a.cuda() for a in (t, p, p8, q)), scale)
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
     assert np.array_equal(got, _speckv.channel_sums(*flat, scale, 4, 3000, 64).reshape(3, 256, 3))
 

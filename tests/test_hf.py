@@ -330,7 +330,9 @@ def test_fp8_predictor_on_every_core():
 
 
 def test_command_line_predictors_and_tradeoff_rows():
-    from speckv.cli import make_predictor, tradeoff_rows
+    from speckv.cli.common import CommandError
+    from speckv.cli.predictor_spec import make_predictor
+    from speckv.cli.tables import tradeoff_rows
 
     model = tiny_model("llama")
     assert make_predictor("prefix:2", model).layers == 2
@@ -338,7 +340,7 @@ def test_command_line_predictors_and_tradeoff_rows():
     assert make_predictor("fp8", model).describe()["threads"] == 1
     assert make_predictor("fp8-bf16", model).describe()["compute_dtype"] == "bfloat16"
     for bad in ("prefix:9", "prefix:x", "nonsense"):
-        with pytest.raises(SystemExit):
+        with pytest.raises(CommandError):
             make_predictor(bad, model)
     mode = {
         "bits_per_scalar": {"with_container": 4.0},

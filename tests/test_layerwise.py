@@ -14,7 +14,7 @@ import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.hf.cache import other_kernels, prefill  # noqa: E402
 from speckv.hf.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
-from speckv.hf.prefix import Rope, _ridge_fit  # noqa: E402
+from speckv.hf.early_exit import Rope, _ridge_fit  # noqa: E402
 
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 
@@ -197,7 +197,7 @@ def test_relative_sigma_fit_recovers_both_parts():
 
 
 def test_layers_for_budget_chooses_within_the_model():
-    from speckv.hf.prefix import layers_for_budget
+    from speckv.hf.early_exit import layers_for_budget
 
     model = tiny_model("llama")
     prompt = ids(64, 3)
@@ -292,7 +292,7 @@ def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_pa
 
 
 def test_integer_maps_compute_the_float_map():
-    from speckv.hf.prefix import _apply, feature_shifts, integer_map
+    from speckv.hf.early_exit import _apply, feature_shifts, integer_map
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(300, 40, generator=g) * torch.logspace(-3, 2, 40)  # features of any scale
@@ -327,7 +327,7 @@ def test_cheap_maps_read_the_hidden_state_and_round_trip_in_steps():
     own columns in every map), recorded in the description and restored from it; with a
     prefill in steps (prompt longer than ``prefill_chunk``) the steps' hidden states are
     joined, and the round trip is exact."""
-    from speckv.cli import make_predictor
+    from speckv.cli.predictor_spec import make_predictor
     from speckv.hf.codec import predictor_from_description
 
     model = tiny_model("llama", seed=2)

@@ -142,7 +142,7 @@ def test_block_keys_are_pinned():
     """The hash chain names stored blocks: an accidental change would orphan every store.
     Golden values from its definition (BLAKE2b-128 over the previous key and the block's ids
     as little-endian int64), computed independently with struct and hashlib."""
-    from speckv.hf.store import chain_keys
+    from speckv.hf.prefix_store import chain_keys
 
     ids = torch.arange(10)[None, :] * 1000
     golden = ["e93909e562f19ebc1b55747e10d65494", "f7427bd8dc3adad9eb015626e2dcfe6f"]

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 if os.environ.get("SPECKV_REAL_MODELS") != "1":
     pytest.skip("opt-in: set SPECKV_REAL_MODELS=1 (and run ../shared/models/fetch-models.sh)", allow_module_level=True)
 
-from speckv.cli import make_predictor  # noqa: E402
+from speckv.cli.predictor_spec import make_predictor  # noqa: E402
 from speckv.hf import SpeculativeCodec, build_cache, extract_kv, load_demo_model, load_model  # noqa: E402
 from speckv.hf.cache import other_kernels  # noqa: E402
 from speckv.hf.calibration import fp8_quantize  # noqa: E402

@@ -26,11 +26,11 @@ from .cache import build_cache, extract_kv
 from .calibration import Calibration, model_fingerprint
 from .codec import SpeculativeCodec
 from .demo import bundled_text, demo_gguf_path, load_demo_model, load_model
+from .early_exit import ModelPrefixPredictor, PrefixState
 from .free_store import FreePrefixStore
 from .layerwise import LayerRun, LayerwisePredictor
 from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor
-from .prefix import ModelPrefixPredictor, PrefixState
-from .store import PrefixStore
+from .prefix_store import PrefixStore
 
 __all__ = [
     "Calibration",

@@ -66,7 +66,7 @@ def _channel_sums(t: torch.Tensor, p: torch.Tensor, p8: torch.Tensor, scale: flo
     per statistic and channel ``(head, dim)``. On a GPU the CUDA module sums them where the
     tensors are, to the same integers."""
     from .. import _speckv
-    from .. import cuda as speckv_cuda
+    from . import cuda as speckv_cuda
 
     if t.is_cuda and p.device == t.device and p8.device == t.device and speckv_cuda.available():
         q = speckv_cuda.fp8_quantize(t, scale).float()

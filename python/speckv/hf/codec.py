@@ -26,15 +26,15 @@ import numpy as np
 import torch
 
 from .. import _api, _speckv, container
-from .. import cuda as speckv_cuda
 from .._speckv import CorruptStreamError, PredictionMismatchError
+from . import cuda as speckv_cuda
 from .architecture import check_architecture, layer_windows, text_config
 from .cache import KV, build_cache, extract_kv, last_tokens
 from .calibration import Calibration, CalibrationMismatchError, calibrate, fp8_quantize, model_fingerprint
 from .cost import joint_by_default
+from .early_exit import PREFILL_CHUNK, ModelPrefixPredictor
 from .layerwise import is_layerwise, walk_layers
 from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor, describe, fixed_threads
-from .prefix import PREFILL_CHUNK, ModelPrefixPredictor
 
 # Tokens per block of the container: what a reader can address (and what a prefix store
 # shares); a block costs one more stream header per K and V (~0.1 KB).
@@ -494,7 +494,7 @@ class SpeculativeCodec:
         first = next(layers, None)
         if first is None:
             raise ValueError(f"prediction: no layers, the cache has {n_layers}")
-        # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
+        # the GPU coder (speckv.hf.cuda.encode) where cache and prediction are on a GPU the CUDA
         # module runs on: only coded bytes cross to the host. The exact model (the fast one
         # codes on the host); the bytes are the host's either way.
         on_device = layout == "stacked" and model == "exact" and self._codes_on_gpu(kv, [first])
@@ -572,7 +572,7 @@ class SpeculativeCodec:
         return container.pack(metadata, layout, n_layers, block, tokens, blocks, held)
 
     def _codes_on_gpu(self, kv: KV, prediction: KV) -> bool:
-        """Whether the GPU coder (``speckv.cuda.encode``) codes this cache: it and its
+        """Whether the GPU coder (``speckv.hf.cuda.encode``) codes this cache: it and its
         prediction are on one GPU the CUDA module runs on (``device``)."""
         tensors = [t for pair in (*kv, *prediction) for t in pair]
         return all(t.is_cuda and t.device == tensors[0].device for t in tensors) and self._on_gpu(tensors[0])

@@ -94,12 +94,11 @@ def predictor_flops(predictor: Any, config: Any, tokens: int = TOKENS) -> float:
     the model's own layers it runs, and its maps; 0 for one that runs no model (per-channel
     statistics); a whole forward pass for the predictors that run every layer."""
     from .predictors import ChannelStatsPredictor
-    from .prefix import HISTORY
 
     n = int(config.num_hidden_layers)
     if callable(getattr(predictor, "prefix", None)):  # the model's first layers, then maps
         layers, hidden = int(predictor.layers), bool(getattr(predictor, "hidden", False))
-        maps = (n - layers) * map_flops(config, tokens, HISTORY, hidden)
+        maps = (n - layers) * map_flops(config, tokens, int(predictor.history), hidden)
         return sum(layer_flops(config, i, tokens) for i in range(layers)) + maps
     if isinstance(predictor, ChannelStatsPredictor):
         return 0.0

@@ -13,8 +13,8 @@ with the CUDA driver into torch's current context and launched on torch's curren
 Nothing here imports torch or CUDA packages until a function is called, and `available()`
 says whether one can be.
 
->>> import speckv.cuda
->>> isinstance(speckv.cuda.available(), bool)
+>>> import speckv.hf.cuda
+>>> isinstance(speckv.hf.cuda.available(), bool)
 True
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _speckv
-from ._speckv import SpeckvError
+from .. import _speckv
+from .._speckv import SpeckvError
 
 #: threads per block of every kernel (grid-stride loops: any size works)
 BLOCK = 256
@@ -250,7 +250,7 @@ def _module(tensor: Any) -> tuple[_Module, int]:
     import torch
 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-        raise TypeError("speckv.cuda works on CUDA tensors; give CPU tensors to the CPU path")
+        raise TypeError("speckv.hf.cuda works on CUDA tensors; give CPU tensors to the CPU path")
     if not available():
         raise CudaUnavailableError("no CUDA device, or the cuda-bindings package is missing")
     device = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
@@ -477,7 +477,7 @@ def encode_joint(x: Any, mu: Any, codes: Any, joint: Any, *, chunk_size: int | N
 def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> tuple[bytes, Any]:
     import torch
 
-    from ._api import Joint, _token_scale
+    from .._api import Joint, _token_scale
 
     module, stream = _module(x)
     name = str(x.dtype).removeprefix("torch.")

@@ -463,6 +463,8 @@ class ModelPrefixPredictor:
         self.layers = int(layers)
         self.threads = int(threads)
         self.n_layers = n
+        # earlier layers each map reads (what ``cost.predictor_flops`` counts)
+        self.history = HISTORY
         # whether the maps also read the hidden state the model's last run layer hands on (the
         # forward pass then ends that layer): what maps from K and V lack most at the cheap
         # end, for one layer's attention and MLP more and a wider product (README, "The cheap

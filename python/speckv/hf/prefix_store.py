@@ -37,8 +37,8 @@ from .block_chain import BlockChain, chain_keys
 from .block_chain import prompt_ids as _ids
 from .cache import build_cache, cache_argument
 from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
+from .early_exit import ModelPrefixPredictor, PrefixState
 from .predictors import ChannelStatsPredictor, describe
-from .prefix import ModelPrefixPredictor, PrefixState
 
 DEFAULT_BLOCK_SIZE = 256
 STORE_FORMAT = 1

@@ -75,7 +75,7 @@ class EngineStore:
         from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
         from ..hf.codec import SpeculativeCodec, predictor_from_description
         from ..hf.free_store import FreePrefixStore
-        from ..hf.store import PrefixStore
+        from ..hf.prefix_store import PrefixStore
 
         if cache_dtype not in CACHE_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in CACHE_DTYPES)

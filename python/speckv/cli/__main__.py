@@ -1,0 +1,5 @@
+"""``python -m speckv.cli``: the ``speckv`` command."""
+
+from . import main
+
+main()
