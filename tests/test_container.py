@@ -22,8 +22,12 @@ from test_layerwise import WORDS, assert_same  # noqa: E402
 
 import speckv  # noqa: E402
 from speckv import container  # noqa: E402
-from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
-from speckv.hf import codec as codec_module  # noqa: E402
+from speckv.hf import (  # noqa: E402
+    ModelPrefixPredictor,
+    SpeculativeCodec,
+    encode_walk,  # noqa: E402
+    extract_kv,
+)
 from speckv.hf.cache import other_kernels, prefill  # noqa: E402
 
 
@@ -67,7 +71,7 @@ def test_blocks_round_trip_and_address_layers(any_codec, mode, block_size):
 
 def test_per_layer_layout_round_trips(any_codec, monkeypatch):
     model, codec = any_codec
-    monkeypatch.setattr(codec_module, "_layout", lambda jobs: "per-layer")
+    monkeypatch.setattr(encode_walk, "choose_layout", lambda tensors: "per-layer")
     prompt = ids(24, 4)
     cache = prefill(model, prompt)
     data = codec.compress(cache, prompt, "bf16", block_size=10)

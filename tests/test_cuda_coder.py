@@ -321,7 +321,7 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     monkeypatch.setattr(codec, "_codes_on_gpu", lambda kv, pred: True)
     assert codec.compress_predicted(cache, prompt, prediction, mode) == want
     # K and V of each block, a group of layers (whole chunks) at a time
-    from speckv.hf.codec import LAYERS_PER_CHUNK
+    from speckv.hf.block_layout import LAYERS_PER_CHUNK
 
     calls = 2 * 2 * -(-model.config.num_hidden_layers // LAYERS_PER_CHUNK)
     coded = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)

@@ -201,8 +201,13 @@ def test_loading_calls_the_driver_api_with_nvrtcs_cubins(tmp_path, monkeypatch):
 
 
 def test_importing_the_module_needs_neither_torch_nor_cuda():
+    """``speckv/hf/cuda.py`` itself imports neither (the ``hf`` package around it needs torch:
+    it is stood in for by an empty package here)."""
     code = (
-        "import sys; sys.modules['torch'] = None; sys.modules['cuda'] = None\n"
+        "import sys, types, pathlib, speckv\n"
+        "sys.modules['torch'] = None; sys.modules['cuda'] = None\n"
+        "hf = types.ModuleType('speckv.hf'); hf.__path__ = [str(pathlib.Path(speckv.__file__).parent / 'hf')]\n"
+        "sys.modules['speckv.hf'] = speckv.hf = hf\n"
         "import speckv.hf.cuda\n"
         "assert speckv.hf.cuda.available() is False\n"
         "try:\n"
@@ -342,7 +347,7 @@ def test_a_gpu_fp8_predictor_is_rebuilt_on_the_cpu_where_there_is_no_gpu():
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.codec import predictor_from_description
+    from speckv.hf.from_description import predictor_from_description
 
     model = tiny_model("llama")
     cpu = Fp8Predictor(model)

@@ -189,7 +189,7 @@ def test_a_recalibrated_codec_codes_with_its_new_coefficients(calibrated):  # no
     cache = other_kernels(model, prompt)
     other.compress(cache, prompt, "fp8")  # builds the core's arrays for this calibration
     other.calibrate([ids(64, s) for s in range(10, 14)])
-    coef = other._joint_model("fp8", 1, 24, None, range(model.config.num_hidden_layers)).coef
+    coef = other.params.joint_model("fp8", 1, 24, None, range(model.config.num_hidden_layers)).coef
     c = coef.shape[1]
     assert np.array_equal(coef, other.calibration.joint["fp8"]["coef"][:, c:, :].numpy())
     data = other.compress(cache, prompt, "fp8")

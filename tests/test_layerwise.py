@@ -328,7 +328,7 @@ def test_cheap_maps_read_the_hidden_state_and_round_trip_in_steps():
     prefill in steps (prompt longer than ``prefill_chunk``) the steps' hidden states are
     joined, and the round trip is exact."""
     from speckv.cli.predictor_spec import make_predictor
-    from speckv.hf.codec import predictor_from_description
+    from speckv.hf.from_description import predictor_from_description
 
     model = tiny_model("llama", seed=2)
     plain = ModelPrefixPredictor(model, layers=1)

@@ -128,3 +128,17 @@ def other_kernels(model: Any, input_ids: torch.Tensor) -> KV:
     current = model.config._attn_implementation
     with attention(model, "sdpa" if current == "eager" else "eager"):
         return prefill(model, input_ids)
+
+
+def restore_device(device: str | torch.device | None, input_ids: Any) -> torch.device:
+    """Where restored tensors go: ``device``, else the prompt's device (checked before any
+    decoding, so a bad name costs nothing)."""
+    if device is None:
+        return input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from e
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r}, but there is no CUDA device here")
+    return target

@@ -132,6 +132,7 @@ def evaluate(
     ``model``)."""
     layerwise = is_layerwise(codec.predictor)
     cal = codec._calibration()
+    params = codec.params
     n_layers = cal.n_layers
     result: dict[str, Any] = {"prompts": len(prompts), "tokens": sum(p.numel() for p in prompts), "modes": {}}
     timing = {"prefill_s": 0.0, "recompute_s": 0.0, "predict_s": 0.0}
@@ -175,7 +176,7 @@ def evaluate(
             # (stored tensor, mu, sigma) of every layer's K and V, as the codec coded them
             held = [int(k.shape[2]) for k, _ in true]
             targets = {
-                (layer, which): codec._targets(
+                (layer, which): params.measured(
                     mode, layer, which, true[layer][which], last_tokens(pred[layer][which], held[layer], layer)
                 )
                 for layer in range(n_layers)

@@ -35,9 +35,11 @@ from ..store import Backend, StoreError, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
 from .block_chain import BlockChain, chain_keys
 from .block_chain import prompt_ids as _ids
-from .cache import build_cache, cache_argument
-from .codec import MODES, SpeculativeCodec, _dequantize, _restore_device
+from .cache import build_cache, cache_argument, restore_device
+from .codec import SpeculativeCodec
 from .early_exit import ModelPrefixPredictor, PrefixState
+from .modes import MODES
+from .modes import dequantize as dequantize_fp8
 from .predictors import ChannelStatsPredictor, describe
 
 DEFAULT_BLOCK_SIZE = 256
@@ -136,7 +138,7 @@ class PrefixStore(BlockChain):
             return None, 0
         if self.dtype == "fp8" and dequantize:
             scales = self.codec._calibration().fp8_scales
-            kv = [_dequantize(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
+            kv = [dequantize_fp8(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
         return build_cache(kv), n
 
     def get_kv(
@@ -144,7 +146,7 @@ class PrefixStore(BlockChain):
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
         """``get`` as per-layer ``(K, V)`` ``[1, kv_heads, n, head_dim]`` in the storage dtype
         (fp8 as stored), for engines with caches of their own; ``([], 0)`` if none."""
-        target = _restore_device(device, input_ids)
+        target = restore_device(device, input_ids)
         ids = _ids(input_ids)
         walker = self._walker
         state = PrefixState()

@@ -73,8 +73,9 @@ class EngineStore:
     ) -> None:
         from ..hf.calibration import Calibration
         from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
-        from ..hf.codec import SpeculativeCodec, predictor_from_description
+        from ..hf.codec import SpeculativeCodec
         from ..hf.free_store import FreePrefixStore
+        from ..hf.from_description import predictor_from_description
         from ..hf.prefix_store import PrefixStore
 
         if cache_dtype not in CACHE_DTYPES:
