@@ -16,7 +16,7 @@ from test_layerwise import WORDS, assert_same  # noqa: E402
 import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.hf.cache import other_kernels  # noqa: E402
-from speckv.hf.calibration import JointFit  # noqa: E402
+from speckv.hf.joint_fit import JointFit  # noqa: E402
 
 
 def test_joint_fit_recovers_a_conditional_structure():

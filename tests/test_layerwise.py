@@ -14,7 +14,8 @@ import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.hf.cache import other_kernels, prefill  # noqa: E402
 from speckv.hf.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
-from speckv.hf.early_exit import Rope, _ridge_fit  # noqa: E402
+from speckv.hf.linear_map import ridge_fit  # noqa: E402
+from speckv.hf.rope import Rope  # noqa: E402
 
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 
@@ -178,7 +179,7 @@ def test_ridge_recovers_a_linear_map():
     w = torch.randn(6, 3, generator=g)
     xs = [torch.randn(50, 6, generator=g) for _ in range(4)]
     ys = [x @ w + 0.5 for x in xs]
-    fit_w, fit_b, folds = _ridge_fit(xs, ys, [[0], [1], [2], [3]])
+    fit_w, fit_b, folds = ridge_fit(xs, ys, [[0], [1], [2], [3]])
     assert torch.allclose(fit_w, w, atol=1e-2) and torch.allclose(fit_b, torch.full((3,), 0.5), atol=1e-2)
     assert len(folds) == 4
 
@@ -197,7 +198,7 @@ def test_relative_sigma_fit_recovers_both_parts():
 
 
 def test_layers_for_budget_chooses_within_the_model():
-    from speckv.hf.early_exit import layers_for_budget
+    from speckv.hf.budget import layers_for_budget
 
     model = tiny_model("llama")
     prompt = ids(64, 3)
@@ -292,7 +293,7 @@ def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_pa
 
 
 def test_integer_maps_compute_the_float_map():
-    from speckv.hf.early_exit import _apply, feature_shifts, integer_map
+    from speckv.hf.linear_map import apply_map, feature_shifts, integer_map
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(300, 40, generator=g) * torch.logspace(-3, 2, 40)  # features of any scale
@@ -301,13 +302,13 @@ def test_integer_maps_compute_the_float_map():
     shifts = feature_shifts([x[:150], x[150:]])
     assert shifts.dtype == torch.int32 and bool((x.abs().amax(0) * 2.0 ** shifts.double() <= 4096).all())
     m = integer_map(w, b, shifts)
-    y = _apply(m, x)
+    y = apply_map(m, x)
     ref = x.double() @ w.double() + b.double()
     assert float((y.double() - ref).abs().max()) < 1e-3 * float(ref.abs().max())
     # a constant-zero feature, and a row far outside the calibration's range (clamped, finite)
     x[:, 3] = 0
     assert int(feature_shifts([x])[3]) == 0
-    assert bool(torch.isfinite(_apply(m, x * 1e6)).all())
+    assert bool(torch.isfinite(apply_map(m, x * 1e6)).all())
 
 
 def test_rope_tables_are_computed_exactly_where_the_rope_is_plain():

@@ -32,38 +32,21 @@ while another thread computes). ``PrefixState`` runs a prompt block by block (th
 from __future__ import annotations
 
 import hashlib
-import inspect
-import math
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
-from .. import _speckv
-from .architecture import layer_types, layer_windows, text_config
+from .architecture import layer_windows, text_config
 from .cache import KV, cache_argument
+from .linear_map import MAP_FEATURE_RANGE, apply_map, feature_shifts, first_rows, integer_map, ridge_fit, rows_after
 from .predictors import _decoder_layers, fixed_threads
+from .rope import Ropes
 
 # torch threads of the prefix's forward pass (recorded in streams; a fixed number, so that a
 # decoder on another machine makes the same predictions whatever its core count)
 DEFAULT_THREADS = 2
-# The maps' products are small (a layer's tokens x ~1k features): on one thread, torch's
-# workers do not linger spinning on the cores the decoder needs next (see codec._quiet_torch).
-MAP_THREADS = 1
-# The maps run as integer sums in the speckv core (``speckv._speckv.LinearMap``, invariant M1
-# of ``linear_map.rs``): the same prediction on every machine, SIMD width and thread count.
-# Features are quantised to 16-bit integers with a power-of-two scale per feature that puts
-# the calibration's largest magnitude at MAP_FEATURE_RANGE (8x headroom for other text
-# before values clamp); weights to at most MAP_WEIGHT_RANGE per output, so sums of ~1k
-# products stay far inside 32 bits.
-MAP_FEATURE_RANGE = 2**12
-MAP_WEIGHT_RANGE = 2**12
-# the largest power-of-two exponent a feature's or an output's scale may have (the core's bound)
-MAP_MAX_SHIFT = _speckv.LINEAR_MAP_MAX_SHIFT
-# Ridge strengths tried per map, as multiples of the mean diagonal of the features' covariance;
-# the one with the smallest out-of-fold error wins.
-RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 FOLDS = 4
 HISTORY = 2
 # The maps' name for that hidden state among their sources (``[batch, 1, tokens, hidden]``).
@@ -82,86 +65,6 @@ def default_prefix_layers(model: Any) -> int:
     from .cost import default_prefix_layers as counted
 
     return counted(text_config(model))
-
-
-def layers_for_budget(
-    model: Any, input_ids: torch.Tensor, budget: float = 1.0, *, threads: int = DEFAULT_THREADS, repeat: int = 2
-) -> tuple[int, list[float]]:
-    """The most of ``model``'s layers a ``ModelPrefixPredictor`` can run while a restore of
-    ``input_ids`` is expected to cost at most ``budget`` times the model's own prefill, measured
-    here: the prefill, the forward pass up to each layer (on ``threads`` threads), one layer's
-    maps and one layer's decode on synthetic data of the cache's shape. Returns that number of
-    layers (at least 1) and the estimated restore cost of each choice ``1..n_layers`` (x prefill).
-
-    The estimate is what the restore does: the prefix's forward pass, its layers decoded at once
-    on every core, then per later layer two map products and two one-layer decodes. It leaves
-    out the fixed costs of a restore (checks, building the cache, torch's thread hand-overs): on
-    the demo model it is 0.1-0.15x of the prefill below the measured restore, so leave that
-    margin, and check a choice with the trade-off table (``speckv eval --predictors ...``)."""
-    import time
-
-    import numpy as np
-
-    from .. import _api, _arrays
-    from .cache import prefill
-
-    n = int(model.config.num_hidden_layers)
-
-    def best(fn: Callable[[], Any]) -> float:
-        times = []
-        for _ in range(max(1, repeat)):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times)
-
-    full = prefill(model, input_ids)
-    base = best(lambda: prefill(model, input_ids))
-    forward = [float("inf")] * n
-    whole = ModelPrefixPredictor(model, n, threads=threads)
-    for _ in range(max(1, repeat)):
-        marks: list[float] = []  # when each layer's cache was written
-        start = time.perf_counter()
-
-        def mark(layer: int, k: torch.Tensor, v: torch.Tensor, marks: list[float] = marks) -> None:
-            marks.append(time.perf_counter())
-
-        whole.prefix(input_ids, mark)
-        forward = [min(a, t - start) for a, t in zip(forward, marks)]
-    # one layer of K (V alike): decode, alone and in bulk, and the maps' products
-    k = full[0][0]
-    shape, numel = tuple(k.shape), k.numel()
-    g = np.random.default_rng(0)
-    mu = g.standard_normal((n, numel)).astype(np.float32)
-    x = (mu + 0.05 * g.standard_normal(mu.shape)).astype(_arrays.numpy_dtype("bfloat16"))
-    sigma = np.full(1, 0.05, dtype=np.float32)
-    per = 2 if numel % 2 == 0 else 1
-    data = _api.encode(x, mu, sigma, chunk_size=numel // per)
-    one = best(lambda: _api.decode(data, mu, sigma, chunks=(0, per)))
-    bulk = best(lambda: _api.decode(data, mu, sigma))  # all n layers at once
-    width = shape[1] * shape[3]
-    feats = torch.randn(shape[0] * shape[2], 2 * HISTORY * width)
-    both = integer_map(torch.randn(2 * HISTORY * width, 2 * width), torch.zeros(2 * width), feature_shifts([feats]))
-    own = integer_map(torch.randn(width, width), torch.zeros(width), feature_shifts([feats[:, :width]]))
-    maps = best(lambda: (_apply(both, feats), _apply(own, feats[:, :width])))
-    # the walk's own work on each tensor: mu and sigma of the codec's targets, sigma codes, the
-    # observed copy (codec._targets, _decode_walk)
-    kf, rel = k.float(), torch.rand(shape[1], shape[3])[None, :, None, :]
-    buf = np.zeros(shape, dtype=np.int16)
-
-    def walk_step() -> None:
-        mu_t = kf / 1.5
-        torch.sqrt(rel * rel + (rel * mu_t) ** 2)
-        buf[...] = _api.sigma_codes(rel)
-        k.to(torch.bfloat16).float()
-
-    step = best(walk_step)
-    costs = []
-    for m in range(1, n + 1):
-        restore = forward[m - 1] + 2 * bulk * m / n + (n - m) * 2 * (one + maps / 2) + 2 * n * step
-        costs.append(restore / base)
-    fitting = [m for m in range(1, n + 1) if costs[m - 1] <= budget]
-    return (max(fitting) if fitting else 1), costs
 
 
 class _Stop(Exception):
@@ -207,142 +110,6 @@ class PrefixState:
     def __init__(self) -> None:
         self.cache: Any = None
         self.tokens = 0
-
-
-class Rope:
-    """The model's rotary position embedding as a pure rotation per (position, channel pair),
-    float32, and its inverse: ``unrope(k)`` takes a cached K back to before RoPE (up to the
-    model's scaling), ``rope(u)`` applies it. Identity for models without a rotary module
-    covering the whole head (partial rotary is left alone). ``layer_type``: the RoPE of that
-    kind of layer, for models whose layer types have their own (Gemma 3: another base on its
-    sliding layers). A tensor of fewer tokens than ``seq`` holds the last positions (a
-    sliding-window layer's cache)."""
-
-    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0, layer_type: str | None = None) -> None:
-        inner = getattr(model, "model", model)
-        rotary = getattr(inner, "rotary_emb", None)
-        if layer_type is not None and layer_type != "full_attention" and hasattr(inner, "rotary_emb_local"):
-            rotary = inner.rotary_emb_local  # older transformers: a module per layer type
-        self.cos: torch.Tensor | None = None
-        self.sin: torch.Tensor | None = None
-        # whether the tables are the same bits on every machine (``_exact_tables``)
-        self.exact = rotary is None
-        if rotary is None:
-            return
-        buffer = getattr(rotary, "inv_freq", None)
-        dtype = buffer.dtype if isinstance(buffer, torch.Tensor) else torch.float32
-        tables = _exact_tables(text_config(model), layer_type, seq, start, head_dim, dtype)
-        if tables is not None:
-            self.cos, self.sin = tables
-            self.exact = True
-            return
-        positions = torch.arange(start, start + seq)[None, :]
-        args: tuple[Any, ...] = (torch.zeros(1, dtype=torch.float32), positions)
-        if "layer_type" in inspect.signature(rotary.forward).parameters:
-            args = (*args, layer_type if layer_type is not None else "full_attention")
-        with torch.no_grad():
-            cos, sin = rotary(*args)
-        if cos.shape[-1] != head_dim:
-            return
-        scale = float(getattr(rotary, "attention_scaling", 1.0)) or 1.0
-        self.cos = (cos.float() / scale)[:, None]  # [1, 1, seq, head_dim]
-        self.sin = (sin.float() / scale)[:, None]
-
-    @staticmethod
-    def _half(x: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-    def _last(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.cos is not None and self.sin is not None
-        n = t.shape[2]
-        if n == self.cos.shape[2]:
-            return self.cos, self.sin
-        return self.cos[:, :, -n:], self.sin[:, :, -n:]
-
-    def unrope(self, k: torch.Tensor) -> torch.Tensor:
-        if self.cos is None or self.sin is None:
-            return k
-        cos, sin = self._last(k)
-        return k * cos - self._half(k) * sin
-
-    def rope(self, u: torch.Tensor) -> torch.Tensor:
-        if self.cos is None or self.sin is None:
-            return u
-        cos, sin = self._last(u)
-        return u * cos + self._half(u) * sin
-
-
-def _rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any] | None:
-    """The RoPE parameters of a layer type (``rope_type``, ``rope_theta``, ``factor``...), from
-    transformers 5's ``rope_parameters`` (per layer type where the model has several) or 4's
-    ``rope_theta`` / ``rope_scaling``."""
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict):
-        if "rope_theta" not in params and "rope_type" not in params:
-            params = params.get(layer_type or "full_attention")
-        return dict(params) if isinstance(params, dict) else None
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        return None
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    return {"rope_theta": theta, **scaling, "rope_type": kind}
-
-
-def _exact_tables(
-    config: Any, layer_type: str | None, seq: int, start: int, head_dim: int, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """cos and sin of RoPE (``[1, 1, seq, head_dim]``, float32) computed in float64 with
-    Python's correctly rounded ``math`` functions, then rounded once: the same bits on every
-    machine, unlike torch's float32 tables (its ``pow``, ``cos`` and ``sin`` kernels differ
-    between SIMD widths), which the maps' features must not depend on (the decoder on
-    another machine has to rebuild the encoder's prediction). For the plain and linearly
-    scaled RoPE that covers the whole head; ``None`` for any other kind (the model's own
-    tables are used then). ``dtype``: the model's inverse frequencies' (a model cast to
-    bfloat16 as a whole rotates by bfloat16 frequencies: they are rounded to it first, as
-    the model's are, correctly rounded from float64 here)."""
-    params = _rope_parameters(config, layer_type)
-    if params is None or params.get("rope_type", "default") not in ("default", "linear"):
-        return None
-    if float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0) != 1.0:
-        return None
-    theta = float(params["rope_theta"])
-    factor = float(params.get("factor", 1.0)) if params.get("rope_type") == "linear" else 1.0
-    key = (theta, factor, head_dim, str(dtype))
-    cos, sin = _TABLES.get(key, (torch.zeros(0, head_dim), torch.zeros(0, head_dim)))
-    if cos.shape[0] < start + seq:  # extend the cached tables (a prompt's blocks reuse them)
-        half = head_dim // 2
-        inv = [1.0 / (theta ** (2 * i / head_dim)) / factor for i in range(half)]
-        if dtype != torch.float32:  # a float32 model's: float64 is closer to its rotation
-            inv = torch.tensor(inv, dtype=torch.float64).to(dtype).double().tolist()
-        grow = range(cos.shape[0], max(start + seq, 2 * cos.shape[0]))
-        c = torch.tensor([[math.cos(p * f) for f in inv] for p in grow], dtype=torch.float64).float()
-        s_ = torch.tensor([[math.sin(p * f) for f in inv] for p in grow], dtype=torch.float64).float()
-        cos = torch.cat([cos, torch.cat([c, c], dim=-1)])
-        sin = torch.cat([sin, torch.cat([s_, s_], dim=-1)])
-        _TABLES[key] = (cos, sin)
-    return cos[start : start + seq][None, None], sin[start : start + seq][None, None]
-
-
-# (theta, linear factor, head_dim, frequencies' dtype) -> cos, sin of positions 0.. (``_exact_tables``)
-_TABLES: dict[tuple[float, float, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-class Ropes:
-    """Each layer's ``Rope`` (one per layer type, made on first use) over ``seq`` positions
-    from ``start``."""
-
-    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0) -> None:
-        self.model, self.seq, self.head_dim, self.start = model, seq, head_dim, start
-        self.types = layer_types(text_config(model))
-        self._made: dict[str, Rope] = {}
-
-    def of(self, layer: int) -> Rope:
-        kind = self.types[layer] if layer < len(self.types) else "full_attention"
-        if kind not in self._made:
-            self._made[kind] = Rope(self.model, self.seq, self.head_dim, self.start, kind)
-        return self._made[kind]
 
 
 def _hidden_source(h: torch.Tensor) -> torch.Tensor:
@@ -689,14 +456,14 @@ class ModelPrefixPredictor:
         with torch.no_grad():
             both, own = self._joint(layer)
             if which == 0 or layer not in scratch:
-                y = _apply(both, _features(observed, self._sources(layer, 0), ropes, rows))
+                y = apply_map(both, _features(observed, self._sources(layer, 0), ropes, rows))
                 scratch[layer] = y[:, width:]
                 if which == 0:
                     k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width])
                     return ropes.of(layer).rope(_untokens(k, shape))
             partial = scratch.pop(layer)
             # one correctly rounded addition per scalar: the same bits everywhere
-            y = partial + _apply(own, _features(observed, [(layer, 0)], ropes, rows))
+            y = partial + apply_map(own, _features(observed, [(layer, 0)], ropes, rows))
             return _untokens(self._fallback_predict(layer, 1, observed, ropes, shape, y), shape)
 
     def _fallback_predict(
@@ -722,8 +489,8 @@ class ModelPrefixPredictor:
         if isinstance(fallback, torch.Tensor):  # no source holds the tokens: the bias alone
             out[:, :m] = fallback
         else:
-            x = _first_rows(_features(observed, sources, ropes, shape[2]), shape[0], m)
-            out[:, :m] = _apply(fallback, x).reshape(shape[0], m, -1)
+            x = first_rows(_features(observed, sources, ropes, shape[2]), shape[0], m)
+            out[:, :m] = apply_map(fallback, x).reshape(shape[0], m, -1)
         return out.reshape(y.shape)
 
     # -- fitting ---------------------------------------------------------------------------
@@ -780,9 +547,9 @@ class ModelPrefixPredictor:
                     ys.append(_tokens(ropes[p].of(layer).unrope(t) if which == 0 else t))
                 # the main map learns from the positions every source holds
                 miss = [_missing(observed[names[0]][p], sources, shapes[p][2]) for p in range(n)]
-                weight, bias, fold_fits = _ridge_fit(
-                    [_rows_after(x, shapes[p][0], miss[p]) for p, x in enumerate(xs[names[0]])],
-                    [_rows_after(y, shapes[p][0], miss[p]) for p, y in enumerate(ys)],
+                weight, bias, fold_fits = ridge_fit(
+                    [rows_after(x, shapes[p][0], miss[p]) for p, x in enumerate(xs[names[0]])],
+                    [rows_after(y, shapes[p][0], miss[p]) for p, y in enumerate(ys)],
                     folds,
                 )
                 maps[f"{name}.weight"], maps[f"{name}.bias"] = weight, bias
@@ -794,7 +561,7 @@ class ModelPrefixPredictor:
                         v: [_features(observed[v][p], fallback, ropes[p], shapes[p][2]) for p in range(n)]
                         for v in names
                     }
-                    fw, fb, fallback_fits = _ridge_fit(fx[names[0]], ys, folds)
+                    fw, fb, fallback_fits = ridge_fit(fx[names[0]], ys, folds)
                     maps[f"{name}.fallback_weight"], maps[f"{name}.fallback_bias"] = fw, fb
                     maps[f"{name}.fallback_shift"] = feature_shifts(fx[names[0]])
                 for f, ((w_f, b_f), members) in enumerate(zip(fold_fits, folds)):
@@ -804,7 +571,7 @@ class ModelPrefixPredictor:
                             if fallback is not None and miss[p]:
                                 fw_f, fb_f = fallback_fits[f]
                                 y = y.reshape(shapes[p][0], shapes[p][2], -1)
-                                x_f = _first_rows(fx[v][p], shapes[p][0], miss[p])
+                                x_f = first_rows(fx[v][p], shapes[p][0], miss[p])
                                 y[:, : miss[p]] = torch.addmm(fb_f, x_f, fw_f).reshape(shapes[p][0], miss[p], -1)
                                 y = y.reshape(-1, y.shape[-1])
                             y = _untokens(y, shapes[p])
@@ -813,115 +580,6 @@ class ModelPrefixPredictor:
         self._joint_maps = {}
         self._fallback_maps = {}
         return oof
-
-
-def feature_shifts(xs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per feature (columns of the ``[rows, features]`` tensors ``xs``), the power-of-two
-    exponent that puts its largest magnitude at most at MAP_FEATURE_RANGE (int32; 0 for a
-    feature that is always 0)."""
-    if not xs or xs[0].shape[1] == 0:
-        return torch.zeros(0, dtype=torch.int32)
-    amax = torch.stack([x.abs().amax(0) for x in xs]).amax(0).double().tolist()
-    out = []
-    for a in amax:
-        if not a > 0 or not math.isfinite(a):
-            out.append(0)
-            continue
-        _, e = math.frexp(MAP_FEATURE_RANGE / a)  # exact: MAP_FEATURE_RANGE / a < 2^e
-        out.append(max(-MAP_MAX_SHIFT, min(MAP_MAX_SHIFT, e - 1)))
-    return torch.tensor(out, dtype=torch.int32)
-
-
-def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -> Any:
-    """The calibrated map ``y = bias + x @ weight`` (float32) as the core's integer map for
-    features quantised with ``shift``: weights scaled exactly (powers of two) and rounded half
-    to even, in numpy's float64 (the same integers on every machine), with per output the
-    largest power of two that keeps them within MAP_WEIGHT_RANGE."""
-    import numpy as np
-
-    features, outputs = weight.shape
-    sh = shift.numpy().astype(np.int64)
-    w = np.ldexp(weight.double().numpy(), -sh[:, None])  # the weights of the integer features
-    amax = np.abs(w).max(axis=0)
-    _, e = np.frexp(np.where(amax > 0, MAP_WEIGHT_RANGE / np.where(amax > 0, amax, 1.0), 1.0))
-    scale = np.clip(np.where(amax > 0, e - 1, 0), -MAP_MAX_SHIFT, MAP_MAX_SHIFT).astype(np.int64)
-    # within MAP_WEIGHT_RANGE unless an exponent hit MAP_MAX_SHIFT: clipped, never wrapped
-    q = np.clip(np.rint(np.ldexp(w, scale[None, :])), -32767, 32767).astype(np.int16)
-    return _speckv.LinearMap(
-        int(features),
-        int(outputs),
-        np.ascontiguousarray(sh, dtype=np.int32),
-        np.ascontiguousarray(q.reshape(-1)),
-        np.ascontiguousarray(bias.float().numpy()),
-        np.ascontiguousarray(scale, dtype=np.int32),
-    )
-
-
-def _apply(m: Any, x: torch.Tensor) -> torch.Tensor:
-    """An integer map on ``x`` (``[rows, features]``): ``[rows, outputs]`` float32."""
-    x = x.float().contiguous()
-    y = m.apply(x.reshape(-1).numpy(), int(x.shape[0]), MAP_THREADS)
-    return torch.from_numpy(y).reshape(x.shape[0], m.outputs)
-
-
-def _rows_after(x: torch.Tensor, batch: int, m: int) -> torch.Tensor:
-    """Rows ``[batch * positions, f]`` without each batch entry's first ``m`` positions."""
-    if m == 0:
-        return x
-    kept = x.reshape(batch, x.shape[0] // batch, x.shape[-1])[:, m:]
-    return kept.reshape(kept.shape[0] * kept.shape[1], x.shape[-1])
-
-
-def _first_rows(x: torch.Tensor, batch: int, m: int) -> torch.Tensor:
-    """Rows ``[batch * positions, f]`` of each batch entry's first ``m`` positions."""
-    first = x.reshape(batch, x.shape[0] // batch, x.shape[-1])[:, :m]
-    return first.reshape(first.shape[0] * first.shape[1], x.shape[-1])
-
-
-def _ridge_fit(
-    xs: list[torch.Tensor], ys: list[torch.Tensor], folds: list[list[int]]
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Ridge regression of ys on xs (lists per prompt, float32) with a bias. The strength is
-    picked from RIDGE_GRID by out-of-fold squared error over ``folds`` (lists of prompt
-    indices); returns the fit on everything and, per fold, the fit without it."""
-    # sums per fold, in float64: x'x, x'y, x, y, count
-    stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
-    for members in folds:
-        x = torch.cat([xs[p] for p in members]).double()
-        y = torch.cat([ys[p] for p in members]).double()
-        stats.append((x.T @ x, x.T @ y, x.sum(0), y.sum(0), x.shape[0]))
-
-    def solve(parts: list[int], alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-        # Python's sum, in fold order (the calibration's maps depend on the order of additions)
-        xx, xy, sx, sy = (cast(torch.Tensor, sum(stats[i][j] for i in parts)) for j in range(4))
-        count = sum(stats[i][4] for i in parts)
-        mx, my = sx / count, sy / count
-        if xx.shape[0] == 0:  # no features (a fallback map with no source): the mean alone
-            return torch.zeros(0, my.shape[0]), my.float().contiguous()
-        cov = xx - count * torch.outer(mx, mx)
-        cxy = xy - count * torch.outer(mx, my)
-        lam = alpha * float(cov.diagonal().mean().clamp(min=1e-30))
-        w = torch.linalg.solve(cov + lam * torch.eye(cov.shape[0], dtype=cov.dtype), cxy)
-        b = my - mx @ w
-        return w.float().contiguous(), b.float().contiguous()
-
-    everything = list(range(len(folds)))
-    if len(folds) < 2:
-        w, b = solve(everything, RIDGE_GRID[2])
-        return w, b, [(w, b)]
-    best: tuple[float, float, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
-    for alpha in RIDGE_GRID:
-        fits = [solve([j for j in everything if j != i], alpha) for i in everything]
-        err = 0.0
-        for (w, b), members in zip(fits, folds):
-            for p in members:
-                err += float(((torch.addmm(b, xs[p], w) - ys[p]) ** 2).sum())
-        if best is None or err < best[0]:
-            best = (err, alpha, fits)
-    assert best is not None  # RIDGE_GRID is not empty
-    _, alpha, fits = best
-    w, b = solve(everything, alpha)
-    return w, b, fits
 
 
 class _PrefixRun:
@@ -1011,11 +669,4 @@ class _PrefixRun:
         self.thread.join()
 
 
-__all__ = [
-    "ModelPrefixPredictor",
-    "PrefixState",
-    "Rope",
-    "Ropes",
-    "default_prefix_layers",
-    "layers_for_budget",
-]
+__all__ = ["ModelPrefixPredictor", "PrefixState", "default_prefix_layers"]
