@@ -7,10 +7,13 @@ import argparse
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import calibration_text, say
 from .predictor_spec import describe_short, make_predictor, predictor_key
+
+if TYPE_CHECKING:  # the hf extra: imported where it is used
+    from ..hf.codec import SpeculativeCodec
 
 
 def cache_dir() -> Path:
@@ -24,7 +27,7 @@ def cache_dir() -> Path:
 
 def calibrated_codec(
     args: argparse.Namespace, model: Any, tokenizer: Any, label: str, spec: str | None = None
-) -> tuple[Any, str, bool]:
+) -> tuple[SpeculativeCodec, str, bool]:
     """A codec for `model` with predictor `spec` (default ``args.predictor``), calibrated from
     `args.calibration` or the (cached) bundled text: the codec, the calibration's path, and
     whether it came from the cache."""

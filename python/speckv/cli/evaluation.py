@@ -4,11 +4,16 @@ predictor (calibrate or load, code the held-out prompts' caches, measure) as a r
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .calibration_cache import calibrated_codec
 from .common import say, text, text_name
 from .predictor_spec import PREDICTORS_HELP, describe_short
+
+if TYPE_CHECKING:  # the hf extra: imported where it is used
+    import torch
+
+    from ..hf.codec import SpeculativeCodec
 
 PRODUCERS = {
     "other-kernels": "the model with other attention kernels than the predictor's",
@@ -116,7 +121,7 @@ def run_eval(
     return result
 
 
-def evaluate_args(args: argparse.Namespace, codec: Any, held_out: list[Any]) -> dict[str, Any]:
+def evaluate_args(args: argparse.Namespace, codec: SpeculativeCodec, held_out: list[torch.Tensor]) -> dict[str, Any]:
     """``hf.evaluate.evaluate`` with the command line's modes, threads, producer and repeats."""
     from ..hf.evaluate import evaluate
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import CommandError
+
+if TYPE_CHECKING:  # the hf extra: imported where a predictor is made
+    from ..hf.predictors import AnyPredictor
 
 PREDICTORS_HELP = (
     "prefix (the default: the model's first layers + maps), prefix:N (N layers), map (layer 0 + maps), "
@@ -34,7 +37,7 @@ def parse_spec(spec: str) -> tuple[str, int | None, bool]:
     raise CommandError(f"unknown predictor {spec!r}: expected {PREDICTORS_HELP}")
 
 
-def make_predictor(spec: str, model: Any, block_size: int | None = None) -> Any:
+def make_predictor(spec: str, model: Any, block_size: int | None = None) -> AnyPredictor:
     """A predictor from its command-line name (see PREDICTORS_HELP)."""
     import torch
 
@@ -60,7 +63,7 @@ def make_predictor(spec: str, model: Any, block_size: int | None = None) -> Any:
         raise CommandError(f"predictor {spec!r}: {e}") from None
 
 
-def predictor_key(predictor: Any) -> str:
+def predictor_key(predictor: AnyPredictor) -> str:
     """A short, stable name of a predictor's settings for calibration file names."""
     from ..hf.predictors import describe
 
@@ -71,7 +74,7 @@ def predictor_key(predictor: Any) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def describe_short(predictor: Any) -> str:
+def describe_short(predictor: AnyPredictor) -> str:
     """A predictor in a few words, for progress lines and table notes."""
     from ..hf.predictors import describe
 

@@ -275,7 +275,7 @@ class SpeculativeCodec:
         prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         pipeline: bool | None = None,
         run: Any = None,
-    ) -> tuple[container.Container, dict[int, tuple[Any, Any]]]:
+    ) -> tuple[container.Container, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         c = self.read_header(data)
         self._check(c.metadata, input_ids)
         want = wanted(layers, c.layers)

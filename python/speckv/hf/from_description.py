@@ -10,10 +10,10 @@ import torch
 
 from .calibration import CalibrationMismatchError
 from .early_exit import PREFILL_CHUNK, ModelPrefixPredictor
-from .predictors import ChannelStatsPredictor, Fp8Predictor
+from .predictors import AnyPredictor, ChannelStatsPredictor, Fp8Predictor
 
 
-def predictor_from_description(model: Any, description: dict[str, Any]) -> Any:
+def predictor_from_description(model: Any, description: dict[str, Any]) -> AnyPredictor:
     """The built-in predictor whose ``describe()`` is ``description`` (as recorded in
     calibrations and streams); ``CalibrationMismatchError`` for others."""
     name = description.get("name")

@@ -150,7 +150,7 @@ class PrefixStore(BlockChain):
         ids = _ids(input_ids)
         walker = self._walker
         state = PrefixState()
-        blocks: list[dict[int, tuple[Any, Any]]] = []
+        blocks: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
         for b, key in enumerate(self.keys(ids)):
             end = (b + 1) * self.block_size
             block_ids = ids[:, end - self.block_size : end]
