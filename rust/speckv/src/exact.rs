@@ -533,8 +533,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_kernels_agree_with_the_portable_code_bit_for_bit() {
-        if !is_x86_feature_detected!("avx2") {
-            eprintln!("skipped: no AVX2 on this processor");
+        if !crate::test_env::have("avx2", is_x86_feature_detected!("avx2"), "no AVX2 on this processor") {
             return;
         }
         for seed in 0..6 {
@@ -552,11 +551,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_kernels_agree_with_the_portable_code_bit_for_bit() {
-        if !(is_x86_feature_detected!("avx512f")
+        let present = is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("avx2"))
-        {
-            eprintln!("skipped: no AVX-512 on this processor");
+            && is_x86_feature_detected!("avx2");
+        if !crate::test_env::have("avx512", present, "no AVX-512 on this processor") {
             return;
         }
         for seed in 0..6 {

@@ -828,11 +828,7 @@ mod tests {
 
     #[test]
     fn the_vector_encoder_writes_the_portable_bytes() {
-        if !vector_kernel() {
-            // nothing to compare on this host; a CI host that has AVX-512 names it
-            let required = std::env::var("SPECKV_REQUIRE").unwrap_or_default();
-            assert!(!required.split(',').any(|s| s.trim() == "avx512"), "SPECKV_REQUIRE=avx512, but no AVX-512 here");
-            eprintln!("skipped: no AVX-512 here, only the portable encoder runs");
+        if !crate::test_env::have("avx512", vector_kernel(), "no AVX-512 here, only the portable encoder runs") {
             return;
         }
         let mut next = lcg(5);
@@ -852,10 +848,7 @@ mod tests {
 
     #[test]
     fn the_avx2_decoder_decodes_as_the_portable_code() {
-        if !is_x86_feature_detected!("avx2") {
-            let required = std::env::var("SPECKV_REQUIRE").unwrap_or_default();
-            assert!(!required.split(',').any(|s| s.trim() == "avx2"), "SPECKV_REQUIRE=avx2, but no AVX2 here");
-            eprintln!("skipped: no AVX2 here");
+        if !crate::test_env::have("avx2", is_x86_feature_detected!("avx2"), "no AVX2 here") {
             return;
         }
         /// One chunk of `x` through the AVX2 kernel and then the portable code.

@@ -32,6 +32,8 @@ pub mod model;
 pub mod parallel;
 pub mod prediction;
 pub mod stats;
+#[cfg(test)]
+mod test_env;
 pub mod token_scale;
 pub mod words;
 
