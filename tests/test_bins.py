@@ -5,6 +5,8 @@ goldens; damage refused with typed errors."""
 
 from __future__ import annotations
 
+import pathlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -146,7 +148,7 @@ def test_the_same_output_under_every_kernel(simd):
     digest = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).view(np.uint16).tobytes())
     code = (
         "import sys, numpy as np, xxhash, speckv\n"
-        "sys.path.insert(0, 'tests')\n"
+        f"sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent)!r})\n"
         "from test_bins import channels_like\n"
         "x, mu, sigma = channels_like(8, tokens=1000)\n"
         "y = speckv.decode(sys.stdin.buffer.read(), mu, sigma)\n"

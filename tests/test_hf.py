@@ -137,7 +137,8 @@ def test_predictor_is_bit_identical_whatever_the_thread_count(calibrated):
 def test_mismatches_are_refused_before_output(calibrated, tmp_path):
     model, codec = calibrated
     prompt = ids(32, 11)
-    data = codec.compress(prefill(model, prompt), prompt, "bf16")
+    cache = prefill(model, prompt)
+    data = codec.compress(cache, prompt, "bf16")
     with pytest.raises(speckv.PredictionMismatchError, match="prompt"):
         codec.decompress(data, ids(32, 12))
     other = tiny_model("llama", seed=1)
@@ -155,7 +156,10 @@ def test_mismatches_are_refused_before_output(calibrated, tmp_path):
     codec.save(str(path))
     loaded = Calibration.load(str(path), model, codec.predictor)
     assert loaded.digest() == codec.calibration.digest()
-    assert SpeculativeCodec(model, loaded, codec.predictor).decompress(data, prompt) is not None
+    back = extract_kv(SpeculativeCodec(model, loaded, codec.predictor).decompress(data, prompt))
+    for (k, v), (k2, v2) in zip(extract_kv(cache), back):  # the reloaded calibration restores every bit
+        assert torch.equal(k.to(torch.bfloat16).view(torch.int16), k2.view(torch.int16))
+        assert torch.equal(v.to(torch.bfloat16).view(torch.int16), v2.view(torch.int16))
     assert SpeculativeCodec.load(str(path), model).predictor.describe() == codec.predictor.describe()
     with pytest.raises(CalibrationMismatchError):
         Calibration.load(str(path), other)
@@ -256,19 +260,26 @@ def test_demo_model_end_to_end():
     result = evaluate(codec, held_out, ("bf16", "fp8"), producer=other_kernels)
     bf16, fp8 = result["modes"]["bf16"], result["modes"]["fp8"]
     assert bf16["exact_round_trip"] and fp8["exact_round_trip"]
-    assert 3.0 < bf16["bits_per_scalar"]["with_container"] < 8.0
-    assert 1.0 < fp8["bits_per_scalar"]["with_container"] < 4.0
+    # bands of about +-10% around what this suite measured (2026-12-02: 5.786 and 2.616 b/s,
+    # zstd-19 2.14x larger): a regression of a tenth fails
+    default_bf16 = bf16["bits_per_scalar"]["with_container"]
+    assert 5.2 < default_bf16 < 6.4
+    assert 2.35 < fp8["bits_per_scalar"]["with_container"] < 2.9
     assert bf16["coded_over_reference_ideal"] < 1.03
-    assert bf16["zstd19_over_coded"] > 1.5
+    assert bf16["zstd19_over_coded"] > 1.93
     # the fp8 copy of the model, the reference method
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model))
     codec.calibrate(calibration)
     result = evaluate(codec, held_out, ("bf16", "fp8"))
     bf16, fp8 = result["modes"]["bf16"], result["modes"]["fp8"]
     assert bf16["exact_round_trip"] and fp8["exact_round_trip"]
-    assert 4.0 < bf16["bits_per_scalar"]["with_container"] < 8.5
-    assert 1.5 < fp8["bits_per_scalar"]["with_container"] < 4.0
+    # measured: 6.401 and 2.595 b/s
+    assert 5.75 < bf16["bits_per_scalar"]["with_container"] < 7.05
+    assert 2.33 < fp8["bits_per_scalar"]["with_container"] < 2.86
     assert bf16["coded_over_reference_ideal"] < 1.03
+    # the headline: the default predictor (a fraction of the model) codes bf16 caches smaller
+    # than the fp8 copy of the whole model, the reference method (6.401 vs 5.786 here)
+    assert default_bf16 < 0.95 * bf16["bits_per_scalar"]["with_container"]
     # no forward pass, and the joint model with coefficients (more tokens than channels)
     codec = SpeculativeCodec(model, predictor=ChannelStatsPredictor())
     codec.calibrate(prompts(tokenizer, bundled_text("calibration"), 128, 8))
