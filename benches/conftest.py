@@ -73,7 +73,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     tr.section("speckv: rates and ratios of this run (Msym/s; bits per scalar)")
     for name, entry in sorted(_RATES.items()):
         bits = entry.get("bits_per_scalar")
-        tr.write_line(f"{name:32s} {entry['msym_per_s']:9.1f} Msym/s" + (f"  {bits:7.3f} b/s" if bits else ""))
+        note = "" if entry.get("exact", True) else "  (round trip NOT exact)"
+        tr.write_line(f"{name:32s} {entry['msym_per_s']:9.1f} Msym/s" + (f"  {bits:7.3f} b/s" if bits else "") + note)
     for top, bottom, what in RATIOS:
         if top in _RATES and bottom in _RATES:
             ratio = _RATES[top]["msym_per_s"] / _RATES[bottom]["msym_per_s"]

@@ -90,11 +90,14 @@ def test_zstd_decode(benchmark, synthetic, rates, level):
 
 
 def test_zipnn_decode(benchmark, synthetic, rates):
+    """ZipNN 0.5's bf16 round trip is not exact on this data (README, "The fast lane"): its
+    speed and size are recorded with ``exact`` saying so."""
     zipnn = pytest.importorskip("zipnn", reason="pip install zipnn (the bench extra)")
     x, _, _ = synthetic
     blob = x.view(np.uint16).tobytes()
     z = zipnn.ZipNN(input_format="byte", bytearray_dtype="bfloat16", threads=1)
     packed = z.compress(blob)
     back = benchmark(z.decompress, packed)
-    assert bytes(back) == blob
-    record(benchmark, rates, "zipnn decode", x.size, bits_per_scalar=len(packed) * 8 / x.size)
+    assert len(back) == len(blob)
+    exact = bytes(back) == blob
+    record(benchmark, rates, "zipnn decode", x.size, bits_per_scalar=len(packed) * 8 / x.size, exact=exact)

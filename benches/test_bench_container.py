@@ -6,7 +6,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import record
 
 import speckv
 from speckv import container
@@ -28,10 +27,10 @@ def cache_container() -> bytes:
     return container.pack({"mode": "bf16"}, "stacked", LAYERS, BLOCK, TOKENS, blocks)
 
 
-def test_container_parse(benchmark, cache_container, rates):
+def test_container_parse(benchmark, cache_container):
     c = benchmark(container.parse, cache_container)
     assert (c.layers, len(c.blocks)) == (LAYERS, TOKENS // BLOCK)
-    record(benchmark, rates, "container parse", LAYERS * 2 * HEADS * TOKENS * DIM, bytes=len(cache_container))
+    benchmark.extra_info["bytes"] = len(cache_container)
 
 
 def test_container_info(benchmark, cache_container):
@@ -39,7 +38,7 @@ def test_container_info(benchmark, cache_container):
     assert facts["container"] and facts["tokens"] == TOKENS
 
 
-def test_cut_one_layer(benchmark, cache_container, rates):
+def test_cut_one_layer(benchmark, cache_container):
     """One layer's chunk out of a block's K stream, as a layer-wise decode reads it."""
     c = container.parse(cache_container)
     stream = c.stream(0, LAYERS // 2, 0)
@@ -47,4 +46,4 @@ def test_cut_one_layer(benchmark, cache_container, rates):
     assert not skip
     part = benchmark(speckv.cut_stream, stream.data, (start, end))
     assert speckv.info(part)["shape"][0] == 1
-    record(benchmark, rates, "cut one layer", HEADS * BLOCK * DIM, bytes=len(part))
+    benchmark.extra_info["bytes"] = len(part)

@@ -18,7 +18,7 @@ def backend(request, tmp_path):
 
 
 def test_put(benchmark, backend):
-    payloads = {f"block-{i:03d}": os.urandom(SIZE) for i in range(ENTRIES)}
+    payloads = {f"{i:016x}": os.urandom(SIZE) for i in range(ENTRIES)}
 
     def put_all():
         for key, value in payloads.items():
@@ -30,7 +30,7 @@ def test_put(benchmark, backend):
 
 
 def test_get(benchmark, backend):
-    payloads = {f"block-{i:03d}": os.urandom(SIZE) for i in range(ENTRIES)}
+    payloads = {f"{i:016x}": os.urandom(SIZE) for i in range(ENTRIES)}
     for key, value in payloads.items():
         backend.put(key, value)
 
