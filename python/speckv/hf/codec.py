@@ -36,7 +36,7 @@ from .cache import KV, build_cache, extract_kv, restore_device
 from .calibration import Calibration, calibrate, model_fingerprint
 from .coding_params import CodingParams
 from .cost import joint_by_default
-from .decode_walk import decode_layerwise, decode_whole, quiet_torch
+from .decode_walk import decode_layerwise, decode_whole, quiet_torch, reads_joint
 from .early_exit import ModelPrefixPredictor
 from .encode_walk import encode_container
 from .from_description import predictor_from_description
@@ -288,8 +288,9 @@ class SpeculativeCodec:
             return c, decode_layerwise(
                 params, c, want, threads, pipeline, threads_of_predictor, run, lambda: predictor.start(input_ids)
             )
+        joint = reads_joint(params, c)  # a check: before the predictor runs
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
-        return c, decode_whole(params, c, pred, want, layers, threads)
+        return c, decode_whole(params, c, pred, want, layers, threads, joint)
 
     def decompress(
         self,

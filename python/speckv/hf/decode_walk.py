@@ -43,11 +43,12 @@ def decode_whole(
     wanted: list[int],
     layers: list[int] | None,
     threads: int | None,
+    joint: bool,
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """A whole-prompt predictor's container: the ``wanted`` layers' ``(K, V)`` (``layers``:
-    what was asked for, None for all), decoded against ``prediction`` (every layer's)."""
+    what was asked for, None for all), decoded against ``prediction`` (every layer's);
+    ``joint``: ``reads_joint``'s answer, asked before the predictor ran."""
     mode = c.metadata["mode"]
-    joint = reads_joint(params, c)
     if len(prediction) != c.layers:
         raise ValueError(f"prediction: {len(prediction)} layers, the container has {c.layers}")
     n = _api.resolve_threads(threads)
