@@ -28,6 +28,11 @@ SPECIALS = {
 }
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=9)
+# Scalars per chunk: small ones cut the drawn arrays (at most 9^4 scalars) into many chunks, so
+# that the thread counts drawn with them really spread chunks over threads (None: the default,
+# one chunk for arrays this small).
+chunk_sizes = st.one_of(st.none(), st.integers(1, 64), st.sampled_from([7, 100, 1000]))
+thread_counts = st.sampled_from([1, 2, 3, 8])
 
 
 @st.composite

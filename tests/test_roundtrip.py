@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speckv
-from helpers import DTYPES, as_dtype, bit_arrays, same_bits, shapes
+from helpers import DTYPES, as_dtype, bit_arrays, chunk_sizes, same_bits, shapes, thread_counts
 
 NAMES = list(DTYPES)
 
@@ -19,8 +19,10 @@ NAMES = list(DTYPES)
 def test_predictor_free_round_trip(name, data):
     word = DTYPES[name][1]
     x = as_dtype(data.draw(bit_arrays(word)), name)
-    stream = speckv.encode(x, threads=1)
-    assert same_bits(speckv.decode(stream, threads=2), x)
+    chunk = data.draw(chunk_sizes)
+    stream = speckv.encode(x, threads=data.draw(thread_counts), chunk_size=chunk)
+    assert stream == speckv.encode(x, threads=1, chunk_size=chunk)  # bytes never depend on threads
+    assert same_bits(speckv.decode(stream, threads=data.draw(thread_counts)), x)
     assert speckv.info(stream)["shape"] == list(x.shape)
 
 
@@ -34,8 +36,10 @@ def test_predicted_round_trip_any_patterns(name, model, data):
     x = as_dtype(x_words, name)
     mu = as_dtype(data.draw(bit_arrays(word, shape=x.shape)), name)
     sigma = data.draw(st.sampled_from([1e-30, 1e-6, 0.01, 1.0, 1e4, 1e30]))
-    stream = speckv.encode(x, mu, sigma, threads=1, model=model)
-    assert same_bits(speckv.decode(stream, mu, sigma, threads=3), x)
+    chunk = data.draw(chunk_sizes)
+    stream = speckv.encode(x, mu, sigma, threads=data.draw(thread_counts), model=model, chunk_size=chunk)
+    assert stream == speckv.encode(x, mu, sigma, threads=1, model=model, chunk_size=chunk)
+    assert same_bits(speckv.decode(stream, mu, sigma, threads=data.draw(thread_counts)), x)
 
 
 @pytest.mark.parametrize("model", ["exact", "fast", "bins"])
@@ -50,8 +54,10 @@ def test_predicted_round_trip_near_prediction(name, model, data):
     mu = rng.standard_normal(shape).astype(np.float32) * data.draw(st.sampled_from([1e-3, 1.0, 300.0]))
     noise = rng.standard_normal(shape).astype(np.float32) * sigma
     x = (mu + noise).astype(DTYPES[name][0])
-    stream = speckv.encode(x, mu, sigma, threads=2, model=model)
-    assert same_bits(speckv.decode(stream, mu, sigma, threads=1), x)
+    chunk = data.draw(chunk_sizes)
+    stream = speckv.encode(x, mu, sigma, threads=data.draw(thread_counts), model=model, chunk_size=chunk)
+    assert stream == speckv.encode(x, mu, sigma, threads=1, model=model, chunk_size=chunk)
+    assert same_bits(speckv.decode(stream, mu, sigma, threads=data.draw(thread_counts)), x)
     assert speckv.info(stream)["model"] == ("fast" if name == "float32" else model)
 
 
