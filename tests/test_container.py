@@ -9,6 +9,7 @@ import json
 import struct
 import subprocess
 import sys
+import weakref
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -188,15 +189,16 @@ def test_forged_metadata_gets_typed_errors(any_codec):
             assert v2.dtype == v.dtype and torch.equal(v.view(torch.int16), v2.view(torch.int16)), meta
 
 
-_SAMPLES: dict[int, bytes] = {}
+# per codec object (weakly held: a torn-down fixture's codec takes its sample along, and a new
+# codec at a reused address cannot find it, as it could under an id() key)
+_SAMPLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _sample(model, codec) -> bytes:
-    key = id(codec)
-    if key not in _SAMPLES:
+    if codec not in _SAMPLES:
         prompt = ids(24, 7)
-        _SAMPLES[key] = codec.compress(prefill(model, prompt), prompt, "bf16", block_size=8)
-    return _SAMPLES[key]
+        _SAMPLES[codec] = codec.compress(prefill(model, prompt), prompt, "bf16", block_size=8)
+    return _SAMPLES[codec]
 
 
 def test_bad_block_sizes_are_refused(calibrated):  # noqa: F811
