@@ -45,7 +45,7 @@ def any_codec(request, calibrated, layerwise):  # noqa: F811
     return calibrated if request.param == "whole-prompt" else layerwise
 
 
-@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+@pytest.mark.parametrize("mode", ["bf16", "fp16", "fp8"])
 @pytest.mark.parametrize("block_size", [7, 16, 40, 1000])
 def test_blocks_round_trip_and_address_layers(any_codec, mode, block_size):
     model, codec = any_codec
@@ -251,3 +251,20 @@ def test_version_1_numbers_of_any_json_kind_are_refused(field, bad):
     head = b"SPKC" + struct.pack("<HHI", 1, 0, len(blob)) + hashlib.blake2b(blob, digest_size=8).digest()
     with pytest.raises(speckv.SpeckvError):
         speckv.info(head + blob)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16", "fp8"])
+def test_prompts_of_several_default_blocks(any_codec, mode):
+    """A prompt longer than two default blocks (256 tokens): every block's streams, joined
+    back in order, bit for bit, and one layer alone."""
+    model, codec = any_codec
+    prompt = ids(600, 31)
+    cache = other_kernels(model, prompt)
+    data = codec.compress(cache, prompt, mode)
+    facts = speckv.info(data)
+    assert (facts["tokens"], facts["blocks"]) == (600, 3)
+    assert_same(codec, mode, cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))
+    k, v = codec.decompress_layer(data, prompt, 1)
+    want = extract_kv(codec.decompress(data, prompt, dequantize=False))[1]
+    assert torch.equal(k.view(WORDS[mode]), want[0].view(WORDS[mode]))
+    assert torch.equal(v.view(WORDS[mode]), want[1].view(WORDS[mode]))

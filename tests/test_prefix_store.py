@@ -29,7 +29,7 @@ def codec():
 def stored(codec, dtype, layer, which, t):
     if dtype == "fp8":
         return fp8_quantize(t, float(codec.calibration.fp8_scales[layer, which])).view(torch.uint8)
-    return t.to(torch.bfloat16).view(torch.int16)
+    return t.to({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).view(torch.int16)
 
 
 def shared_prompts():
@@ -38,7 +38,7 @@ def shared_prompts():
     return a, b
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp8"])
 def test_prefixes_restore_exactly_and_share_blocks(codec, dtype, tmp_path):
     model = codec.model
     store = PrefixStore(codec, DirectoryBackend(tmp_path / "s"), block_size=BLOCK, dtype=dtype)
