@@ -209,3 +209,84 @@ def test_an_entry_copied_under_another_key_is_not_kept_or_served(codec, tmp_path
     assert store.match(a) == 16 and store.get(a)[1] == 16
     assert store.put(a, cache) == 16  # block 1 stored again in its place
     assert store.match(a) == 64 and store.get(a)[1] == 64
+
+
+# A process that opens the directory store with the codec of `codec()` (the same seeded model,
+# the calibration from a file) and puts its prompt: argv = folder, calibration, prompt seed,
+# prompt length, and "crash" to die (os._exit) after the first block's entry is written.
+_WRITER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_hf import ids, tiny_model
+from speckv.hf import Calibration, ModelPrefixPredictor, PrefixStore, SpeculativeCodec
+from speckv.hf.cache import other_kernels
+from speckv.store import DirectoryBackend
+folder, calibration, seed, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+model = tiny_model("llama")
+predictor = ModelPrefixPredictor(model, layers=2)
+codec = SpeculativeCodec(model, Calibration.load(calibration, model, predictor), predictor)
+backend = DirectoryBackend(folder)
+if mode == "crash":
+    put = backend.put
+    def put_then_die(key, value, parent=None):
+        stored = put(key, value, parent)
+        os._exit(3)
+    backend.put = put_then_die
+prompt = ids(64, 1) if seed == 1 else __import__("torch").cat([ids(64, 1)[:, :32], ids(n - 32, seed)], dim=1)
+print(PrefixStore(codec, backend, block_size={block}).put(prompt, other_kernels(model, prompt)))
+"""
+
+
+def _writer(tmp_path, folder, calibration, seed, n, mode="normal"):
+    import pathlib
+    import subprocess
+    import sys
+
+    code = _WRITER.format(tests=str(pathlib.Path(__file__).resolve().parent), block=BLOCK)
+    args = [sys.executable, "-c", code, str(folder), str(calibration), str(seed), str(n), mode]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _assert_exact(codec, store, prompt, want_tokens):
+    model = codec.model
+    cache, got = store.get(prompt, dequantize=False)
+    assert got == want_tokens
+    truth = extract_kv(other_kernels(model, prompt))
+    for layer, (k, v) in enumerate(extract_kv(cache)):
+        for w, t in enumerate((k, v)):
+            ref = stored(codec, "bf16", layer, w, truth[layer][w][:, :, :got])
+            assert torch.equal(t.view(ref.dtype), ref), (layer, w)
+
+
+def test_two_processes_put_overlapping_prefixes_at_once(codec, tmp_path):
+    """Two writer processes share a directory store and put prompts that share two blocks, at
+    the same time: each prefix then restores exactly, the shared blocks stored once."""
+    calibration = tmp_path / "cal.safetensors"
+    codec.save(str(calibration))
+    folder = tmp_path / "store"
+    writers = [_writer(tmp_path, folder, calibration, seed, 72) for seed in (1, 2)]
+    for w in writers:
+        out, err = w.communicate(timeout=600)
+        assert w.returncode == 0, err
+    a = ids(64, 1)
+    b = torch.cat([a[:, :32], ids(40, 2)], dim=1)
+    store = PrefixStore(codec, DirectoryBackend(folder), block_size=BLOCK)
+    _assert_exact(codec, store, a, 64)
+    _assert_exact(codec, store, b, 64)
+    assert store.stats()["blocks"] == 6  # a's four, b's two of its own
+
+
+def test_a_writer_that_dies_mid_put_leaves_a_readable_prefix(codec, tmp_path):
+    """A writer killed after its first block's entry: a reader then gets that block, exact, and
+    the store takes the rest from another writer."""
+    calibration = tmp_path / "cal.safetensors"
+    codec.save(str(calibration))
+    folder = tmp_path / "store"
+    w = _writer(tmp_path, folder, calibration, 1, 64, "crash")
+    w.communicate(timeout=600)
+    assert w.returncode == 3
+    store = PrefixStore(codec, DirectoryBackend(folder), block_size=BLOCK)
+    a = ids(64, 1)
+    _assert_exact(codec, store, a, 16)
+    assert store.put(a, other_kernels(codec.model, a)) == 48
+    _assert_exact(codec, store, a, 64)
