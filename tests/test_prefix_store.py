@@ -290,3 +290,24 @@ def test_a_writer_that_dies_mid_put_leaves_a_readable_prefix(codec, tmp_path):
     _assert_exact(codec, store, a, 16)
     assert store.put(a, other_kernels(codec.model, a)) == 48
     _assert_exact(codec, store, a, 64)
+
+
+def test_a_dead_backend_means_recompute_not_a_crash(codec):
+    """A PrefixStore whose backend fails (a Redis server that is not there): put stores nothing,
+    get and match find nothing, the failures are counted; no exception reaches the caller."""
+    pytest.importorskip("redis", reason="the redis client package is not installed")
+    import socket
+
+    from speckv.store import RedisBackend, StoreError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = PrefixStore(codec, RedisBackend(f"redis://127.0.0.1:{port}/0"), block_size=BLOCK)
+    a = ids(64, 1)
+    assert store.put(a, other_kernels(codec.model, a)) == 0
+    assert store.get(a) == (None, 0)
+    assert store.match(a) == 0
+    assert store.stats_counters()["store_errors"] >= 2
+    with pytest.raises(StoreError):  # asking the backend itself: a typed error
+        store.stats()

@@ -223,7 +223,15 @@ def redis_url(tmp_path_factory):
     if server is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
     port = _free_port()
-    folder = tmp_path_factory.mktemp("redis")
+    proc = _start_redis(server, port, tmp_path_factory.mktemp("redis"))
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _start_redis(server: str, port: int, folder) -> subprocess.Popen:
+    """A redis-server on the loopback ``port`` (no persistence), once it accepts connections;
+    skips the test if it does not start."""
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
         stdout=subprocess.DEVNULL,
@@ -233,15 +241,42 @@ def redis_url(tmp_path_factory):
     while time.time() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            return proc
         except OSError:
             time.sleep(0.05)
-    else:
+    proc.kill()
+    pytest.skip("redis-server did not start")
+
+
+def test_a_redis_server_killed_and_restarted_mid_chain(tmp_path):
+    """The server dies after two of a chain's entries: every call then raises StoreError (never
+    a wrong or partial answer); restarted empty (no persistence), the lost entries are absent,
+    not wrong, and the chain is stored again."""
+    pytest.importorskip("redis", reason="the redis client package is not installed")
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    port = _free_port()
+    proc = _start_redis(server, port, tmp_path)
+    try:
+        b = RedisBackend(f"redis://127.0.0.1:{port}/0", prefix="kill:")
+        entries = chain(4)
+        for k, v, parent in entries[:2]:
+            assert b.put(k, pack_entry(v, k), parent)
         proc.kill()
-        pytest.skip("redis-server did not start")
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+        proc.wait(timeout=10)
+        k, v, parent = entries[2]
+        for call in (lambda: b.put(k, pack_entry(v, k), parent), lambda: b.get(entries[0][0]), b.keys):
+            with pytest.raises(StoreError):
+                call()
+        proc = _start_redis(server, port, tmp_path)
+        assert b.get(entries[0][0]) is None and b.keys() == []
+        for k, v, parent in entries:
+            assert b.put(k, pack_entry(v, k), parent)
+        assert [unpack_entry(b.get(k), k) for k, _, _ in entries] == [v for _, v, _ in entries]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def test_redis_backend_against_a_real_server(redis_url):
