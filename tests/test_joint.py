@@ -195,3 +195,44 @@ def test_a_recalibrated_codec_codes_with_its_new_coefficients(calibrated):  # no
     data = other.compress(cache, prompt, "fp8")
     back = extract_kv(other.decompress(data, prompt, dequantize=False))
     assert_same(other, "fp8", cache, back)
+
+
+def _joint_case():
+    """A jointly coded bf16 stream of two layers (16 channels x 300 tokens, 8 outside channels,
+    the token scale on), from fixed seeds: what a child process rebuilds to decode it."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(2026)
+    layers, channels, tokens, outside = 2, 16, 300, 8
+    sigma = np.exp(rng.normal(-2.0, 1.0, (channels, 1))).astype(np.float32)
+    mu = (rng.standard_normal((layers, channels, tokens)) * 3 * sigma).astype(np.float32)
+    x = (mu + sigma * rng.standard_normal(mu.shape)).astype(ml_dtypes.bfloat16)
+    coef = (0.2 * rng.standard_normal((layers, channels, outside + channels))).astype(np.float32)
+    offset = (0.01 * rng.standard_normal((layers, channels))).astype(np.float32)
+    given = rng.standard_normal((layers, outside, tokens)).astype(np.float32)
+    joint = speckv.Joint(channels, tokens, coef, offset, given, speckv.TokenScale())
+    return x, mu, sigma, joint
+
+
+@pytest.mark.parametrize("simd", ["0", "avx2"])
+def test_joint_streams_decode_alike_under_every_kernel(simd):
+    """A joint stream coded here (AVX-512 where the processor has it) decodes to the same bits
+    in a child whose vector kernels are turned off (``0``) or stopped at AVX2."""
+    import pathlib
+
+    import xxhash
+
+    from helpers import run_in_child
+
+    x, mu, sigma, joint = _joint_case()
+    stream = speckv.encode(x, mu, sigma, chunk_size=x[0].size, joint=joint)
+    digest = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).view(np.uint16).tobytes())
+    code = (
+        "import sys, numpy as np, xxhash, speckv\n"
+        f"sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent)!r})\n"
+        "from test_joint import _joint_case\n"
+        "x, mu, sigma, joint = _joint_case()\n"
+        "y = speckv.decode(sys.stdin.buffer.read(), mu, sigma, joint=joint)\n"
+        "print(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(y).view(np.uint16).tobytes()))\n"
+    )
+    assert run_in_child(code, stream, simd) == digest
