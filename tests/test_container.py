@@ -174,8 +174,13 @@ def test_forged_metadata_gets_typed_errors(any_codec):
     want = extract_kv(codec.decompress(good, prompt, dequantize=False))
     for meta in forged:
         data = container.pack(meta, c.layout, c.layers, c.block_tokens, c.tokens, blocks)
-        with contextlib.suppress(speckv.SpeckvError):
-            speckv.info(data)
+        try:
+            facts = speckv.info(data)
+        except speckv.SpeckvError:
+            facts = None
+        if facts is not None:  # what info reports is what was packed: that metadata, those blocks
+            assert facts["metadata"] == meta
+            assert (facts["tokens"], facts["blocks"], facts["layout"]) == (c.tokens, len(c.blocks), c.layout)
         with contextlib.suppress(speckv.SpeckvError):
             k, v = codec.decompress_layer(data, prompt, layer=1)
             assert k.dtype == want[1][0].dtype and torch.equal(k.view(torch.int16), want[1][0].view(torch.int16))
