@@ -139,6 +139,26 @@ def test_every_golden_file_decodes(name):
     assert speckv.info(data)["chunks"] >= (1 if "joint" in how else 5)
 
 
+# Version-1 streams written by the version-1 code itself (5aa81ab, the commit before format 2),
+# from this file's cases: name -> (dtype, seed, predicted)
+V1 = {
+    f"v1-{dtype}-{model}": (dtype, 100 + i, model != "free")
+    for i, dtype in enumerate(DTYPES)
+    for model in (("exact", "fast", "free") if dtype != "f32" else ("fast", "free"))
+}
+
+
+@pytest.mark.parametrize("name", sorted(V1))
+def test_version_1_streams_from_the_version_1_code_decode(name):
+    data = (HERE / "v1" / f"{name}.spkv").read_bytes()
+    dtype, seed, predicted = V1[name]
+    assert speckv.info(data)["version"] == 1 and speckv.info(data)["chunks"] == 5
+    x, mu, sigma = _case(dtype, seed)
+    y = speckv.decode(data, mu, sigma) if predicted else speckv.decode(data)
+    word = {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+    assert np.array_equal(np.asarray(y).view(word), x.view(word))
+
+
 def write() -> None:
     HERE.mkdir(exist_ok=True)
     for old in HERE.glob("*.spkv"):
