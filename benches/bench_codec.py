@@ -112,7 +112,11 @@ def ordinal_residuals_and_scales(x, mu, sigma):
     return d, s
 
 
-def bench_constriction(d, s, repeat):
+def constriction_coder(d, s):
+    """constriction's range coder (``stream.queue``) with a quantised Gaussian per symbol on
+    speckv's ordinal residuals ``d`` and scales ``s`` (``ordinal_residuals_and_scales``):
+    ``(encode(), decode(compressed), symbols)``, what this script and the pytest-benchmark
+    suite both time."""
     import constriction
 
     limit = 1 << 15
@@ -121,17 +125,21 @@ def bench_constriction(d, s, repeat):
     stds = np.clip(s, 0.05, 1e4).astype(np.float64)
     family = constriction.stream.model.QuantizedGaussian(-limit, limit - 1)
 
-    def enc():
+    def encode():
         e = constriction.stream.queue.RangeEncoder()
         e.encode(symbols, family, means, stds)
         return e.get_compressed()
 
-    t_enc, compressed = best_time(enc, repeat)
-
-    def dec():
+    def decode(compressed):
         return constriction.stream.queue.RangeDecoder(compressed).decode(family, means, stds)
 
-    t_dec, decoded = best_time(dec, repeat)
+    return encode, decode, symbols
+
+
+def bench_constriction(d, s, repeat):
+    encode, decode, symbols = constriction_coder(d, s)
+    t_enc, compressed = best_time(encode, repeat)
+    t_dec, decoded = best_time(lambda: decode(compressed), repeat)
     assert np.array_equal(decoded, symbols), "constriction round trip failed"
     return t_enc, t_dec, compressed.nbytes * 8
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -64,3 +65,26 @@ def run_in_child(code: str, stdin: bytes, simd: str) -> str:
     env = {**os.environ, "SPECKV_SIMD": simd}
     out = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, env=env, check=True)
     return out.stdout.decode().strip()
+
+
+def words_digest(x) -> str:
+    """XXH3 of an array's bit patterns (16-bit words)."""
+    import xxhash
+
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).view(np.uint16).tobytes())
+
+
+def decoded_in_child(stream: bytes, simd: str, module: str, case: str) -> str:
+    """``words_digest`` of ``stream`` decoded in a child with ``SPECKV_SIMD=simd``, against the
+    prediction of ``case`` (a call of a function of the test module ``module`` returning ``(x,
+    mu, sigma)`` or ``(x, mu, sigma, joint)``, rebuilt in the child from its seeds)."""
+    code = (
+        "import sys, speckv\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        f"from {module} import {case.split('(')[0]}\n"
+        "from helpers import words_digest\n"
+        f"case = {case}\n"
+        "joint = case[3] if len(case) > 3 else None\n"
+        "print(words_digest(speckv.decode(sys.stdin.buffer.read(), case[1], case[2], joint=joint)))\n"
+    )
+    return run_in_child(code, stream, simd)

@@ -218,21 +218,8 @@ def _joint_case():
 def test_joint_streams_decode_alike_under_every_kernel(simd):
     """A joint stream coded here (AVX-512 where the processor has it) decodes to the same bits
     in a child whose vector kernels are turned off (``0``) or stopped at AVX2."""
-    import pathlib
-
-    import xxhash
-
-    from helpers import run_in_child
+    from helpers import decoded_in_child, words_digest
 
     x, mu, sigma, joint = _joint_case()
     stream = speckv.encode(x, mu, sigma, chunk_size=x[0].size, joint=joint)
-    digest = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).view(np.uint16).tobytes())
-    code = (
-        "import sys, numpy as np, xxhash, speckv\n"
-        f"sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent)!r})\n"
-        "from test_joint import _joint_case\n"
-        "x, mu, sigma, joint = _joint_case()\n"
-        "y = speckv.decode(sys.stdin.buffer.read(), mu, sigma, joint=joint)\n"
-        "print(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(y).view(np.uint16).tobytes()))\n"
-    )
-    assert run_in_child(code, stream, simd) == digest
+    assert decoded_in_child(stream, simd, "test_joint", "_joint_case()") == words_digest(x)
