@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import pathlib
 import struct
 import subprocess
 import sys
@@ -273,3 +274,45 @@ def test_prompts_of_several_default_blocks(any_codec, mode):
     want = extract_kv(codec.decompress(data, prompt, dequantize=False))[1]
     assert torch.equal(k.view(WORDS[mode]), want[0].view(WORDS[mode]))
     assert torch.equal(v.view(WORDS[mode]), want[1].view(WORDS[mode]))
+
+
+V1_DIR = pathlib.Path(__file__).resolve().parent / "goldens" / "v1" / "containers"
+V1_CONTAINERS = json.loads((V1_DIR / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def version_1_files():
+    """The model, calibration and prompt the version-1 code made its containers with
+    (``goldens/v1/make_containers.py``)."""
+    model = transformers.LlamaForCausalLM.from_pretrained(V1_DIR / "model", dtype=torch.bfloat16).eval()
+    prompt = torch.tensor([json.loads((V1_DIR / "prompt.json").read_text())])
+    return model, str(V1_DIR / "calibration.safetensors"), prompt
+
+
+def _layer_digests(kv, mode: str) -> list[list[str]]:
+    def digest(t: torch.Tensor) -> str:
+        return hashlib.sha256(t.contiguous().view(WORDS[mode]).numpy().tobytes()).hexdigest()
+
+    return [[digest(t) for t in pair] for pair in kv]
+
+
+@pytest.mark.parametrize("name", sorted(V1_CONTAINERS))
+def test_version_1_containers_from_the_version_1_code_decode(version_1_files, name):
+    """Containers, a calibration file and a model written by the version-1 code itself (both
+    layouts, bf16/fp16/fp8, exact and fast streams): the current codec loads that calibration
+    as it is, rebuilds its statistics predictor, and decodes every layer to the words the
+    version-1 code recorded before encoding; one layer alone too."""
+    model, calibration, prompt = version_1_files
+    want = V1_CONTAINERS[name]
+    data = (V1_DIR / f"{name}.spkc").read_bytes()
+    facts = speckv.info(data)
+    assert (facts["version"], facts["layout"], facts["tokens"]) == (1, want["layout"], prompt.shape[1])
+    codec = SpeculativeCodec.load(calibration, model)
+    back = extract_kv(codec.decompress(data, prompt, dequantize=False))
+    assert _layer_digests(back, want["mode"]) == want["layers"]
+    k, v = codec.decompress_layer(data, prompt, 1)
+    assert _layer_digests([(k, v)], want["mode"]) == want["layers"][1:2]
+    if want["mode"] == "fp8":  # dequantized with the version-1 calibration's scales
+        scales = codec.calibration.fp8_scales
+        restored = extract_kv(codec.decompress(data, prompt))
+        assert torch.equal(restored[2][1], (back[2][1].float() * float(scales[2, 1])).to(torch.bfloat16))

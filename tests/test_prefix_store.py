@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_hf import ids, tiny_model  # noqa: E402
+from test_store import redis_url  # noqa: E402,F401  (a redis-server on a loopback port)
 
 from speckv.hf import ModelPrefixPredictor, PrefixStore, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.hf.cache import other_kernels, prefill  # noqa: E402
@@ -211,82 +212,131 @@ def test_an_entry_copied_under_another_key_is_not_kept_or_served(codec, tmp_path
     assert store.match(a) == 64 and store.get(a)[1] == 64
 
 
-# A process that opens the directory store with the codec of `codec()` (the same seeded model,
-# the calibration from a file) and puts its prompt: argv = folder, calibration, prompt seed,
-# prompt length, and "crash" to die (os._exit) after the first block's entry is written.
+# A process that opens a store with the codec of `codec()` (the same seeded model, the
+# calibration from a file) and puts its prompt. argv: where (a folder, or a redis:// URL), the
+# Redis key prefix, calibration, prompt seed, prompt length, and a mode: "normal"; "crash" dies
+# (os._exit) once the first block's entry is written; "crash-mid-put" dies inside the second
+# block's entry: the directory backend's temporary file written but not yet renamed, the Redis
+# backend's SET half sent.
 _WRITER = """
-import os, sys
+import os, socket, sys
 sys.path.insert(0, {tests!r})
 from test_hf import ids, tiny_model
 from speckv.hf import Calibration, ModelPrefixPredictor, PrefixStore, SpeculativeCodec
 from speckv.hf.cache import other_kernels
-from speckv.store import DirectoryBackend
-folder, calibration, seed, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+from speckv.store import DirectoryBackend, RedisBackend
+where, prefix, calibration = sys.argv[1:4]
+seed, n, mode = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 model = tiny_model("llama")
 predictor = ModelPrefixPredictor(model, layers=2)
 codec = SpeculativeCodec(model, Calibration.load(calibration, model, predictor), predictor)
-backend = DirectoryBackend(folder)
-if mode == "crash":
-    put = backend.put
-    def put_then_die(key, value, parent=None):
-        stored = put(key, value, parent)
+backend = RedisBackend(where, prefix=prefix) if where.startswith("redis://") else DirectoryBackend(where)
+put, puts = backend.put, []
+def counted_put(key, value, parent=None):
+    puts.append(key)
+    stored = put(key, value, parent)
+    if mode == "crash":
         os._exit(3)
-    backend.put = put_then_die
+    return stored
+backend.put = counted_put
+if mode == "crash-mid-put":
+    real_sendall, real_fsync = socket.socket.sendall, os.fsync
+    def sendall(self, data, *flags):
+        if len(puts) == 2 and len(data) > 1000:
+            self.send(memoryview(data)[: len(data) // 2])
+            os._exit(3)
+        return real_sendall(self, data, *flags)
+    def fsync(fd):
+        if len(puts) == 2:
+            os._exit(3)
+        return real_fsync(fd)
+    socket.socket.sendall, os.fsync = sendall, fsync
 prompt = ids(64, 1) if seed == 1 else __import__("torch").cat([ids(64, 1)[:, :32], ids(n - 32, seed)], dim=1)
 print(PrefixStore(codec, backend, block_size={block}).put(prompt, other_kernels(model, prompt)))
 """
 
 
-def _writer(tmp_path, folder, calibration, seed, n, mode="normal"):
+def _writer(where, calibration, seed, n, mode="normal", prefix="speckv:"):
     import pathlib
     import subprocess
     import sys
 
     code = _WRITER.format(tests=str(pathlib.Path(__file__).resolve().parent), block=BLOCK)
-    args = [sys.executable, "-c", code, str(folder), str(calibration), str(seed), str(n), mode]
+    args = [sys.executable, "-c", code, str(where), prefix, str(calibration), str(seed), str(n), mode]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _assert_exact(codec, store, prompt, want_tokens):
-    model = codec.model
     cache, got = store.get(prompt, dequantize=False)
     assert got == want_tokens
-    truth = extract_kv(other_kernels(model, prompt))
+    _assert_prefix_of(codec, cache, extract_kv(other_kernels(codec.model, prompt)), got)
+
+
+def _assert_prefix_of(codec, cache, truth, tokens):
+    """``cache`` is the stored form of ``truth``'s first ``tokens`` tokens, bit for bit."""
     for layer, (k, v) in enumerate(extract_kv(cache)):
         for w, t in enumerate((k, v)):
-            ref = stored(codec, "bf16", layer, w, truth[layer][w][:, :, :got])
+            ref = stored(codec, "bf16", layer, w, truth[layer][w][:, :, :tokens])
             assert torch.equal(t.view(ref.dtype), ref), (layer, w)
 
 
-def test_two_processes_put_overlapping_prefixes_at_once(codec, tmp_path):
-    """Two writer processes share a directory store and put prompts that share two blocks, at
-    the same time: each prefix then restores exactly, the shared blocks stored once."""
+@pytest.fixture(params=["directory", "redis"])
+def shared_backend(request, tmp_path):
+    """Where writer processes and this one meet: ``(where, prefix, backend)`` for a directory
+    store or a Redis server on a loopback port (a key prefix of its own per test)."""
+    if request.param == "directory":
+        folder = tmp_path / "store"
+        yield str(folder), "", DirectoryBackend(folder)
+        return
+    url = request.getfixturevalue("redis_url")
+    from speckv.store import RedisBackend
+
+    prefix = f"{request.node.name}:"
+    yield url, prefix, RedisBackend(url, prefix=prefix)
+
+
+def test_two_processes_put_overlapping_prefixes_at_once(codec, tmp_path, shared_backend):
+    """Two writer processes share a store and put prompts that share two blocks, at the same
+    time: each prefix then restores exactly, the shared blocks stored once."""
+    where, prefix, backend = shared_backend
     calibration = tmp_path / "cal.safetensors"
     codec.save(str(calibration))
-    folder = tmp_path / "store"
-    writers = [_writer(tmp_path, folder, calibration, seed, 72) for seed in (1, 2)]
+    writers = [_writer(where, calibration, seed, 72, prefix=prefix) for seed in (1, 2)]
     for w in writers:
         out, err = w.communicate(timeout=600)
         assert w.returncode == 0, err
     a = ids(64, 1)
     b = torch.cat([a[:, :32], ids(40, 2)], dim=1)
-    store = PrefixStore(codec, DirectoryBackend(folder), block_size=BLOCK)
+    store = PrefixStore(codec, backend, block_size=BLOCK)
     _assert_exact(codec, store, a, 64)
     _assert_exact(codec, store, b, 64)
     assert store.stats()["blocks"] == 6  # a's four, b's two of its own
 
 
-def test_a_writer_that_dies_mid_put_leaves_a_readable_prefix(codec, tmp_path):
-    """A writer killed after its first block's entry: a reader then gets that block, exact, and
-    the store takes the rest from another writer."""
+@pytest.mark.parametrize("mode", ["crash", "crash-mid-put"])
+def test_a_writer_that_dies_mid_put_leaves_a_readable_prefix(codec, tmp_path, shared_backend, mode):
+    """A writer killed after its first block's entry, or inside its second (the directory's
+    temporary file written but not renamed; half of the Redis SET sent): a reader polling all
+    the while gets nothing or an exact prefix, never more than the first block, and after
+    the crash exactly that block; the store then takes the rest from another writer."""
+    where, prefix, backend = shared_backend
     calibration = tmp_path / "cal.safetensors"
     codec.save(str(calibration))
-    folder = tmp_path / "store"
-    w = _writer(tmp_path, folder, calibration, 1, 64, "crash")
-    w.communicate(timeout=600)
-    assert w.returncode == 3
-    store = PrefixStore(codec, DirectoryBackend(folder), block_size=BLOCK)
+    store = PrefixStore(codec, backend, block_size=BLOCK)
     a = ids(64, 1)
+    truth = extract_kv(other_kernels(codec.model, a))
+    w = _writer(where, calibration, 1, 64, mode, prefix=prefix)
+    answers = []
+    while w.poll() is None:
+        cache, got = store.get(a, dequantize=False)
+        answers.append(got)
+        if cache is not None:
+            _assert_prefix_of(codec, cache, truth, got)
+    _, err = w.communicate(timeout=600)
+    assert w.returncode == 3, err
+    assert set(answers) <= {0, 16}
+    counters = store.stats_counters()
+    assert (counters["store_errors"], counters["corrupt_entries"]) == (0, 0)  # no torn entry met
     _assert_exact(codec, store, a, 16)
     assert store.put(a, other_kernels(codec.model, a)) == 48
     _assert_exact(codec, store, a, 64)

@@ -295,6 +295,15 @@ def test_redis_backend_against_a_real_server(redis_url):
     assert RedisBackend(redis_url, prefix="t2:").keys() == []
 
 
+def test_redis_prefixes_are_literal_not_globs(redis_url):
+    """SCAN matches a glob: a prefix holding glob characters lists its own keys, and not the
+    keys of the prefixes its glob would match."""
+    odd, near = RedisBackend(redis_url, prefix="g[x]*?\\:"), RedisBackend(redis_url, prefix="gx:")
+    assert odd.put(key(1), pack_entry(b"odd", key(1))) and near.put(key(2), pack_entry(b"near", key(2)))
+    assert odd.keys() == [key(1)] and near.keys() == [key(2)]
+    assert odd.nbytes() == len(pack_entry(b"odd", key(1)))
+
+
 def test_redis_backend_reports_a_dead_server():
     pytest.importorskip("redis")
     b = RedisBackend(f"redis://127.0.0.1:{_free_port()}/0")

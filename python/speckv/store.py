@@ -388,7 +388,9 @@ class RedisBackend:
         self._call(self.client.delete, self.prefix + check_key(key))
 
     def keys(self) -> list[str]:
-        names = self._call(lambda: list(self.client.scan_iter(match=self.prefix + "*")))
+        # the prefix is literal, SCAN's MATCH a glob: its special characters are escaped
+        pattern = "".join("\\" + c if c in "*?[]\\^" else c for c in self.prefix) + "*"
+        names = self._call(lambda: list(self.client.scan_iter(match=pattern)))
         return [n.decode()[len(self.prefix) :] if isinstance(n, bytes) else n[len(self.prefix) :] for n in names]
 
     def nbytes(self) -> int:

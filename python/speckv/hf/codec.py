@@ -45,7 +45,7 @@ from .kernels import kernels_for
 from .layerwise import is_layerwise, walk_layers
 from .modes import MODES
 from .modes import dequantize as dequantize_fp8
-from .predictors import AnyPredictor
+from .predictors import AnyPredictor, ChannelStatsPredictor
 
 prompt_digest = identity.prompt_digest
 
@@ -346,10 +346,16 @@ class SpeculativeCodec:
 
 
 def _give_state(predictor: Any, calibration: Calibration) -> None:
-    """Hands a learned predictor what calibration fitted for it."""
+    """Hands a learned predictor what calibration fitted for it.
+
+    A version-1 calibration of the statistics predictor holds no means of its own: version 1's
+    ``ChannelStatsPredictor`` was built from the calibration's ``means`` (the only ones it
+    offered), so those are handed over; they are covered by the calibration's digest too."""
     load = getattr(predictor, "load_state_dict", None)
     if callable(load):
         load(calibration.predictor_state)
+    if isinstance(predictor, ChannelStatsPredictor) and predictor.means is None:
+        predictor.load_state_dict({"means": calibration.means})
 
 
 __all__ = ["SpeculativeCodec", "PredictionMismatchError", "prompt_digest"]
