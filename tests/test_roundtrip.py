@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -244,7 +246,9 @@ sigma = np.logspace(-4, 0, 96).astype(np.float32)
 x = (mu + rng.standard_normal(mu.shape).astype(np.float32) * sigma * 3).astype(dtype)
 x.reshape(-1)[::97] = np.nan
 mu.reshape(-1)[::89] = np.inf
-if sys.argv[1] == "encode":
+if sys.argv[1] == "kernel":
+    print(speckv.kernels())
+elif sys.argv[1] == "encode":
     sys.stdout.buffer.write(speckv.encode(x, mu, sigma, chunk_size=7000))
 else:
     back = speckv.decode(sys.stdin.buffer.read(), mu, sigma)
@@ -264,14 +268,26 @@ def _run_cross(simd: str, mode: str, dtype: str, stream: bytes = b"") -> bytes:
     return done.stdout
 
 
+@functools.cache
+def _kernel_under(simd: str) -> str:
+    """The kernels a process picks under ``SPECKV_SIMD=simd`` (``speckv.kernels()``)."""
+    return _run_cross(simd, "kernel", "bfloat16").decode().strip()
+
+
+@pytest.mark.parametrize("wide", ["avx512", "avx2"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
-def test_vector_and_portable_kernels_write_and_read_the_same_bytes(dtype):
-    """The widest kernels this processor has (AVX-512 or AVX2), the AVX2 kernels
-    (SPECKV_SIMD=avx2) and the portable code (SPECKV_SIMD=0) write identical streams and
-    decode each other's."""
-    streams = {simd: _run_cross(simd, "encode", dtype) for simd in ("1", "avx2", "0")}
-    assert len(streams["0"]) > 500 and len(set(streams.values())) == 1
-    for writer, reader in (("1", "0"), ("0", "1"), ("avx2", "0"), ("0", "avx2")):
+def test_vector_and_portable_kernels_write_and_read_the_same_bytes(dtype, wide):
+    """The AVX-512 kernels (what this processor picks by itself, where it has them) and the
+    AVX2 kernels (SPECKV_SIMD=avx2), each against the portable code (SPECKV_SIMD=0): identical
+    streams, and each decodes the other's. A processor without the wide kernel skips (never
+    compares the portable code with itself under another name)."""
+    simd = "1" if wide == "avx512" else "avx2"
+    picked = _kernel_under(simd)
+    if picked != wide:
+        pytest.skip(f"no {'AVX-512' if wide == 'avx512' else 'AVX2'} on this processor (it picks {picked})")
+    streams = {s: _run_cross(s, "encode", dtype) for s in (simd, "0")}
+    assert len(streams["0"]) > 500 and streams[simd] == streams["0"]
+    for writer, reader in ((simd, "0"), ("0", simd)):
         _run_cross(reader, "decode", dtype, streams[writer])
 
 
