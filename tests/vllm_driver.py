@@ -85,8 +85,30 @@ class Engine:
         self.python, self.folder, self.calibration, self.prompts = python, str(folder), str(calibration), prompts
         self.tmp = str(tmp)
         self.count = 0
+        self._plain: dict[str, dict[str, Any]] = {}
 
-    def run(self, connector: str, store: str | None = None, *, dtype: str = "auto", record: bool = False, **more: Any):
+    def plain(self, dtype: str = "auto") -> dict[str, Any]:
+        """The run without a connector (once per cache dtype): the outputs every other run is
+        held to. In one process (``in_process``): no connector, so nothing crosses processes."""
+        if dtype not in self._plain:
+            self._plain[dtype] = self.run("none", dtype=dtype, in_process=True)
+        return self._plain[dtype]
+
+    def run(
+        self,
+        connector: str,
+        store: str | None = None,
+        *,
+        dtype: str = "auto",
+        record: bool = False,
+        in_process: bool = False,
+        **more: Any,
+    ):
+        """One engine process. ``in_process``: vLLM's scheduler and worker in that one process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ~20 s a run instead of ~45 s: each of vLLM's
+        processes imports vLLM again) for runs that are references, not the connector under
+        test: by default a speckv run has its scheduler and worker sides in vLLM's own
+        processes, as in serving, so its metadata crosses between them."""
         import subprocess
         from pathlib import Path
 
@@ -110,7 +132,7 @@ class Engine:
             [self.python, os.path.join(here, "vllm_driver.py"), str(work / "config.json")],
             capture_output=True,
             text=True,
-            env=engine_env(here),
+            env=dict(engine_env(here), **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if in_process else {})),
             timeout=1800,
         )
         log = proc.stdout + proc.stderr
