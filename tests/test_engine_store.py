@@ -224,3 +224,70 @@ def test_engine_store_without_a_calibration_codes_predictor_free(checkpoint, dty
     assert other.match(a) == 0
     with pytest.raises(ValueError, match="fp8"):
         EngineStore(folder, None, MemoryBackend(), block_size=BLOCK, cache_dtype=torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_raw_tier_stores_blocks_as_they_are(checkpoint, dtype, tmp_path):
+    """``coding="raw"``: the baseline tier, any bit pattern stored as it is (each entry the
+    block's bytes and 64 bytes of framing), under keys of its own (a fast-lane store never
+    serves its entries), a truncated entry a logged miss."""
+    from speckv.store import DirectoryBackend
+
+    folder, _, model = checkpoint
+    config = model.config
+    layers, heads = config.num_hidden_layers, config.num_key_value_heads
+    dim = config.hidden_size // config.num_attention_heads
+    store = EngineStore(folder, None, str(tmp_path / "s"), block_size=BLOCK, cache_dtype=dtype, coding="raw")
+    prompt = ids(40, 9)[0].tolist()
+    kv = [
+        (_random_bits((1, heads, 40, dim), dtype, 2 * i), _random_bits((1, heads, 40, dim), dtype, 2 * i + 1))
+        for i in range(layers)
+    ]
+    assert store.save(prompt, kv) == 32
+    assert store.match(prompt, read=False) == 32
+    back, n = store.load(prompt)
+    assert n == 32
+    for (k, v), (k2, v2) in zip(kv, back):
+        assert torch.equal(k2.view(torch.int16), k[:, :, :32].contiguous().view(torch.int16))
+        assert torch.equal(v2.view(torch.int16), v[:, :, :32].contiguous().view(torch.int16))
+    raw = layers * 2 * heads * BLOCK * dim * 2
+    assert store.prefix.stats()["bytes"] == 2 * (raw + 64)
+    fast = EngineStore(folder, None, str(tmp_path / "s"), block_size=BLOCK, cache_dtype=dtype)
+    assert fast.match(prompt) == 0
+    from speckv.store import pack_entry, unpack_entry
+
+    backend = DirectoryBackend(str(tmp_path / "s"))
+    key = store.prefix.keys(torch.tensor([prompt]))[1]
+    payload = unpack_entry(backend.get(key), key)
+    assert payload[16:20] == b"RAW1"
+    backend.delete(key)
+    backend.put(key, pack_entry(payload[:-2], key))  # framed again, two bytes short
+    assert store.match(prompt, read=False) == 32  # the index knows nothing of the damage
+    assert store.load(prompt)[1] == 16 and store.prefix.stats()["corrupt_entries"] == 1
+    with pytest.raises(ValueError, match="coding"):
+        EngineStore(folder, None, MemoryBackend(), block_size=BLOCK, coding="zip")
+
+
+def test_an_engine_store_under_a_budget_evicts_and_serves_what_it_holds(checkpoint, tmp_path):
+    """A directory tier of three blocks' bytes: four prompts stored, the least recently used
+    lose their tails, every prefix served is exact, and nothing exceeds the budget."""
+    folder, _, model = checkpoint
+    probe = EngineStore(folder, None, MemoryBackend(), block_size=BLOCK)
+    prompts = [ids(40, 20 + i)[0].tolist() for i in range(4)]
+    caches = [other_kernels(model, torch.tensor([p])) for p in prompts]
+    probe.save(prompts[0], caches[0])
+    per_block = probe.backend.nbytes() // 2
+    budget = int(3.5 * per_block)
+    store = EngineStore(folder, None, str(tmp_path / "s"), block_size=BLOCK, max_bytes=budget)
+    for p, kv in zip(prompts, caches):
+        store.save(p, kv)
+        assert store.backend.nbytes() <= budget
+    stats = store.prefix.stats()
+    assert stats["evictions"] >= 4 and stats["blocks"] <= 3
+    served = 0
+    for p, kv in zip(prompts, caches):
+        back, n = store.load(p)
+        served += n
+        for (k, v), (k2, v2) in zip(kv, back):
+            assert torch.equal(k2, k[:, :, :n]) and torch.equal(v2, v[:, :, :n])
+    assert served >= 32  # the last prompt stored is whole

@@ -229,11 +229,12 @@ def redis_url(tmp_path_factory):
     proc.wait(timeout=10)
 
 
-def _start_redis(server: str, port: int, folder) -> subprocess.Popen:
-    """A redis-server on the loopback ``port`` (no persistence), once it accepts connections;
-    skips the test if it does not start."""
+def _start_redis(server: str, port: int, folder, *options: str) -> subprocess.Popen:
+    """A redis-server on the loopback ``port`` (no persistence; more ``options``), once it
+    accepts connections; skips the test if it does not start."""
     proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
+        + list(options),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -7,7 +7,10 @@ CONFIG: ``model`` (a transformers folder), ``prompts`` (lists of token ids), ``c
 ("speckv", "example" or "none"), ``store``, ``calibration``, ``kv_cache_dtype``, ``max_tokens``,
 ``record`` (a folder: the worker writes there the blocks each request stored and the blocks
 injected into it, as read back from vLLM's buffer), ``out`` (a JSON file: greedy outputs and
-each request's time to first token), ``ttft_each`` (run the prompts one at a time, for times).
+each request's time to first token), ``ttft_each`` (run the prompts one at a time, for times),
+``workload`` (a serving workload run request by request, each timed to its first token:
+``run_workload``), ``prefix_caching`` (vLLM's own, default off), ``extra`` (more of the
+connector's ``kv_connector_extra_config``).
 """
 
 from __future__ import annotations
@@ -168,15 +171,31 @@ def main(path: str) -> None:
     if cfg.get("record"):
         os.makedirs(cfg["record"], exist_ok=True)
         os.environ["SPECKV_TEST_RECORD"] = cfg["record"]
+    elif kind == "speckv-free":  # the speckv connector without a calibration (predictor in extra)
+        transfer = KVTransferConfig(
+            kv_connector="SpeckvConnector",
+            kv_connector_module_path="speckv.integrations.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config={"store": cfg["store"], **cfg.get("extra", {})},
+        )
     llm = LLM(
         model=cfg["model"],
         enforce_eager=True,
         kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
-        enable_prefix_caching=False,
+        enable_prefix_caching=bool(cfg.get("prefix_caching", False)),
         kv_transfer_config=transfer,
         max_model_len=cfg.get("max_model_len", 2048),
         seed=0,
     )
+    if cfg.get("workload"):
+        result = run_workload(llm, cfg["workload"])
+        del llm  # the engine shuts down: the connector drains its saves and writes its counters
+        import gc
+
+        gc.collect()
+        with open(cfg["out"], "w") as f:
+            json.dump(result, f)
+        return
     params = SamplingParams(max_tokens=cfg.get("max_tokens", 8), temperature=0.0)
     prompts = [{"prompt_token_ids": p} for p in cfg["prompts"]]
     outputs: list[list[int]] = []
@@ -193,6 +212,69 @@ def main(path: str) -> None:
             outputs.append(list(out.outputs[0].token_ids))
     with open(cfg["out"], "w") as f:
         json.dump({"outputs": outputs, "ttft": ttft}, f)
+
+
+def _timed(llm: Any, prompt: list[int], max_tokens: int) -> tuple[str, list[int], float, float]:
+    """One request alone, greedy: (its id, output tokens, seconds to its first token, seconds
+    in all)."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    request_id = f"r{time.monotonic_ns()}"
+    start = time.perf_counter()
+    engine.add_request(request_id, {"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    first = None
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id and out.outputs:
+                tokens = list(out.outputs[0].token_ids)
+                if tokens and first is None:
+                    first = time.perf_counter() - start
+    total = time.perf_counter() - start
+    return request_id, tokens, first if first is not None else total, total
+
+
+def run_workload(llm: Any, workload: dict[str, Any]) -> dict[str, Any]:
+    """A serving workload, one request at a time (each timed to its first token):
+
+    - ``{"kind": "long-doc-qa", "requests": [[ids], ...], "max_tokens": N}``: the prompts in order;
+    - ``{"kind": "multi-round", "system": [ids], "questions": [[[ids] per round] per user],
+      "max_tokens": N}``: round by round, each user's prompt the system prompt, then every
+      earlier question and the engine's answer to it, then the round's question.
+
+    Returns per request its prompt's length, output tokens, TTFT and time, and the wall time."""
+    max_tokens = int(workload.get("max_tokens", 8))
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    if workload["kind"] == "long-doc-qa":
+        for prompt in workload["requests"]:
+            rid, out, ttft, total = _timed(llm, prompt, max_tokens)
+            rows.append({"id": rid, "prompt_tokens": len(prompt), "output": out, "ttft": ttft, "time": total})
+    elif workload["kind"] == "multi-round":
+        users = workload["questions"]
+        history = [list(workload["system"]) for _ in users]
+        for r in range(max(len(q) for q in users)):
+            for u, questions in enumerate(users):
+                if r >= len(questions):
+                    continue
+                prompt = history[u] + list(questions[r])
+                rid, out, ttft, total = _timed(llm, prompt, max_tokens)
+                history[u] = prompt + out
+                rows.append(
+                    {
+                        "id": rid,
+                        "user": u,
+                        "round": r,
+                        "prompt_tokens": len(prompt),
+                        "output": out,
+                        "ttft": ttft,
+                        "time": total,
+                    }
+                )
+    else:
+        raise ValueError(f"workload kind {workload['kind']!r}")
+    return {"requests": rows, "wall_s": time.perf_counter() - start}
 
 
 if __name__ == "__main__":

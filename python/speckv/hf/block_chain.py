@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .._speckv import CorruptStreamError
-from ..store import Backend, StoreError, pack_entry, unpack_entry
+from ..store import Backend, StoreError, pack_entry, touch_chain, unpack_entry
 
 
 def chain_keys(namespace: bytes, input_ids: torch.Tensor, block_size: int) -> list[str]:
@@ -58,28 +58,49 @@ class BlockChain:
             "tokens_deduplicated": 0,
             "corrupt_entries": 0,
             "store_errors": 0,
+            # a matched prefix that ended at a missing block whose successor is stored: a
+            # backend that evicted a middle block (Redis), or a writer that died mid-chain
+            "holes": 0,
+            # blocks a budgeted backend declined to store (no room for them)
+            "declined": 0,
         }
 
     def keys(self, input_ids: torch.Tensor) -> list[str]:
         """The chain of keys of ``input_ids``'s whole blocks."""
         return chain_keys(self.namespace, prompt_ids(input_ids), self.block_size)
 
-    def match(self, input_ids: torch.Tensor) -> int:
-        """Tokens of the longest stored block-aligned prefix of ``input_ids`` whose entries are
-        readable and intact (each read and its checksum checked; nothing decoded): what ``get``
-        serves unless an entry changes in between."""
+    def match(self, input_ids: torch.Tensor, *, read: bool = True) -> int:
+        """Tokens of the longest stored block-aligned prefix of ``input_ids``: with ``read``,
+        entries read and their checksums checked (nothing decoded), what ``get`` serves unless
+        an entry changes in between; without, from the backend's index alone (``has``: no
+        entry read), and a damaged entry is found when ``get`` reads it. The matched blocks
+        count as used (``speckv.store.touch_chain``)."""
+        keys = self.keys(input_ids)
         n = 0
-        for key in self.keys(input_ids):
-            try:
-                raw = self.backend.get(key)
-                if raw is None:
+        try:
+            for key in keys:
+                if read:
+                    raw = self.backend.get(key)
+                    if raw is None:
+                        break
+                    unpack_entry(raw, key)
+                elif not self.backend.has(key):
                     break
-                unpack_entry(raw, key)
-            except (CorruptStreamError, StoreError) as e:
-                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
-                break
-            n += self.block_size
-        return n
+                n += 1
+            if n < len(keys) - 1 and self.backend.has(keys[n + 1]):
+                self._stats["holes"] += 1
+            self._used(keys[:n])
+        except (CorruptStreamError, StoreError) as e:
+            self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
+        return n * self.block_size
+
+    def _used(self, keys: list[str]) -> None:
+        """Tells the backend a chain was used (its least-recently-used order), never failing
+        the caller: an order not kept costs an eviction choice, not an entry."""
+        try:
+            touch_chain(self.backend, keys)
+        except StoreError:
+            self._stats["store_errors"] += 1
 
     def _put_chain(
         self,
@@ -91,8 +112,9 @@ class BlockChain:
         yet (``stored_already(b)`` where it is; blocks in order); returns the tokens stored. A
         backend that fails (``StoreError``) ends the storing there, counted in the stats: the
         blocks after one that could not be stored are not stored either."""
-        parent, new = None, 0
-        for b, key in enumerate(self.keys(input_ids)):
+        parent, new, reached = None, 0, 0
+        keys = self.keys(input_ids)
+        for b, key in enumerate(keys):
             try:
                 intact = self._intact(key)
             except StoreError:
@@ -102,17 +124,25 @@ class BlockChain:
                 if stored_already is not None:
                     stored_already(b)
                 self._stats["tokens_deduplicated"] += self.block_size
-                parent = key
+                parent, reached = key, b + 1
                 continue
+            if b == reached and b and not new:
+                self._used(keys[:b])  # the prefix being extended is the newest: kept while it grows
             data = code(b, key)
             try:
                 stored = self.backend.put(key, pack_entry(data, key), parent)
+                # declined (no room, or its prefix is gone): nothing after it could be reached
+                declined = not stored and not self.backend.has(key)
             except StoreError:
                 self._stats["store_errors"] += 1
                 break
+            if declined:
+                self._stats["declined"] += 1
+                break
             if stored:
                 new += self.block_size
-            parent = key
+            parent, reached = key, b + 1
+        self._used(keys[:reached])
         self._stats["tokens_put"] += new
         return new
 
@@ -138,7 +168,8 @@ class BlockChain:
         """Blocks and bytes held, and this store object's hits, misses, tokens stored,
         tokens found already stored (deduplicated) and damaged entries met."""
         keys = self.backend.keys()
-        return {"blocks": len(keys), "bytes": self.backend.nbytes(), **self._stats}
+        evictions = int(getattr(self.backend, "evictions", 0))
+        return {"blocks": len(keys), "bytes": self.backend.nbytes(), "evictions": evictions, **self._stats}
 
 
 __all__ = ["BlockChain", "chain_keys", "prompt_ids"]

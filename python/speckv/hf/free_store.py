@@ -12,9 +12,21 @@ them (``speckv.hf.block_chain``), under a namespace of the model's fingerprint, 
 the storage dtype and the block size. The key inside the entry is what stands in for the
 predicted store's prompt fingerprint: an entry written under another key (a foreign writer, a
 misplaced file) is refused, never served as this prefix's cache.
+
+``coding="raw"`` stores the same blocks uncompressed (a serving tier's baseline: the same
+keys, budget and eviction, none of the codec). Entry payloads::
+
+    offset  size             field
+    0       16               the block's key (binary)
+    16      N                fast: a speckv stream of [layers, 2, kv_heads, block_size, head_dim]
+    16      4 + 5 * 4        raw:  b"RAW1", then those five sizes as little-endian uint32,
+    40      (product) * w          and the scalars' bits, little-endian, w bytes each
 """
 
 from __future__ import annotations
+
+import math
+import struct
 
 import numpy as np
 import torch
@@ -27,6 +39,9 @@ from .block_chain import BlockChain, prompt_ids
 STORE_FORMAT = 1
 KEY_BYTES = 16
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+CODINGS = ("fast", "raw")
+RAW_MAGIC = b"RAW1"
+_RAW_HEADER = struct.Struct("<4s5I")
 
 
 class FreePrefixStore(BlockChain):
@@ -49,20 +64,24 @@ class FreePrefixStore(BlockChain):
         block_size: int,
         dtype: str = "bf16",
         threads: int | None = None,
+        coding: str = "fast",
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        if coding not in CODINGS:
+            raise ValueError(f"coding: expected one of {CODINGS}, got {coding!r}")
         identity = {
             "format": STORE_FORMAT,
             "model": fingerprint,
             "predictor": "none",
-            "lane": "fast",
+            "lane": coding,
             "dtype": dtype,
             "block_size": int(block_size),
         }
         super().__init__(backend, block_size, identity)
         self.dtype = dtype
         self.threads = threads
+        self.coding = coding
 
     def put(self, input_ids: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
         """Stores the whole blocks of ``kv`` (per layer ``(K, V)`` ``[1, kv_heads, tokens,
@@ -80,9 +99,13 @@ class FreePrefixStore(BlockChain):
         def code(b: int, key: str) -> bytes:
             start, end = b * self.block_size, (b + 1) * self.block_size
             block = torch.stack([torch.stack([k[0, :, start:end], v[0, :, start:end]]) for k, v in kv])
+            block = block.cpu().contiguous()
+            if self.coding == "raw":
+                bits = block.view(_TORCH_WORDS[want]).numpy()
+                words = bits.astype(bits.dtype.newbyteorder("<"), copy=False)
+                return bytes.fromhex(key) + _RAW_HEADER.pack(RAW_MAGIC, *block.shape) + words.tobytes()
             # from numpy: decode then hands back numpy too (no torch hint in the stream)
-            x = _arrays.to_numpy(block.cpu().contiguous())
-            return bytes.fromhex(key) + _api.encode(x, threads=self.threads, lane="fast")
+            return bytes.fromhex(key) + _api.encode(_arrays.to_numpy(block), threads=self.threads, lane="fast")
 
         return self._put_chain(ids, code)
 
@@ -95,7 +118,8 @@ class FreePrefixStore(BlockChain):
         blocks: list[np.ndarray] = []
         shape: tuple[int, ...] | None = None
         want = DTYPES[self.dtype]
-        for key in self.keys(input_ids):
+        keys = self.keys(input_ids)
+        for key in keys:
             try:
                 raw = self.backend.get(key)
                 if raw is None:
@@ -105,19 +129,19 @@ class FreePrefixStore(BlockChain):
                 if entry[:KEY_BYTES] != bytes.fromhex(key):
                     raise CorruptStreamError("stored block: written for another prefix")
                 data = entry[KEY_BYTES:]
-                meta = _api.info(data)
-                got = tuple(meta["shape"])
-                if meta["dtype"] != _DTYPE_NAMES[want] or len(got) != 5 or got[1] != 2 or got[3] != self.block_size:
-                    raise CorruptStreamError(f"stored block: {meta['dtype']} {list(got)}, not this store's")
+                dtype_name, got = self._header(data)
+                if dtype_name != _DTYPE_NAMES[want] or len(got) != 5 or got[1] != 2 or got[3] != self.block_size:
+                    raise CorruptStreamError(f"stored block: {dtype_name} {list(got)}, not this store's")
                 if shape is not None and got != shape:
                     raise CorruptStreamError("stored block: another shape than the blocks before it")
-                block = _api.decode(data, threads=self.threads)
+                block = self._decode(data, got, want)
             except (CorruptStreamError, StoreError) as e:
                 self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
                 break
             shape = got
             self._stats["hits"] += 1
             blocks.append(np.asarray(block))
+        self._used(keys[: len(blocks)])
         if not blocks:
             return [], 0
         whole = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks, axis=3)).view(_WORDS[want])).view(want)
@@ -126,8 +150,26 @@ class FreePrefixStore(BlockChain):
         kv = [(whole[layer, 0][None], whole[layer, 1][None]) for layer in range(whole.shape[0])]
         return kv, len(blocks) * self.block_size
 
+    def _header(self, data: bytes) -> tuple[str, tuple[int, ...]]:
+        """The stored block's dtype name and shape, read from its payload's header."""
+        if self.coding == "raw":
+            if len(data) < _RAW_HEADER.size or data[:4] != RAW_MAGIC:
+                raise CorruptStreamError("stored block: not a raw block")
+            return _DTYPE_NAMES[DTYPES[self.dtype]], tuple(_RAW_HEADER.unpack_from(data)[1:])
+        meta = _api.info(data)
+        return str(meta["dtype"]), tuple(meta["shape"])
+
+    def _decode(self, data: bytes, shape: tuple[int, ...], want: torch.dtype) -> np.ndarray:
+        if self.coding == "raw":
+            word = np.dtype(_WORDS[want]).newbyteorder("<")
+            if len(data) != _RAW_HEADER.size + math.prod(shape) * word.itemsize:
+                raise CorruptStreamError("stored block: its length does not match its shape")
+            return np.frombuffer(data, dtype=word, offset=_RAW_HEADER.size).reshape(shape).astype(_WORDS[want])
+        return np.asarray(_api.decode(data, threads=self.threads))
+
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "float8_e4m3fn"}
+_TORCH_WORDS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 _WORDS = {torch.bfloat16: np.int16, torch.float16: np.int16, torch.float8_e4m3fn: np.uint8}
 
 __all__ = ["FreePrefixStore"]

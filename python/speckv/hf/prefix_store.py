@@ -151,7 +151,8 @@ class PrefixStore(BlockChain):
         walker = self._walker
         state = PrefixState()
         blocks: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
-        for b, key in enumerate(self.keys(ids)):
+        keys = self.keys(ids)
+        for b, key in enumerate(keys):
             end = (b + 1) * self.block_size
             block_ids = ids[:, end - self.block_size : end]
             try:
@@ -170,6 +171,7 @@ class PrefixStore(BlockChain):
                 break
             self._stats["hits"] += 1
             blocks.append(layers)
+        self._used(keys[: len(blocks)])
         if not blocks:
             return [], 0
         n_layers = len(blocks[0])

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,15 +40,60 @@ log = logging.getLogger("speckv.engine")
 HOSTED_PREDICTORS = ("model-prefix", "channel-stats")
 # what the engine stores its cache as -> the codec's storage dtype
 CACHE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}
+# the store spec of the host-RAM tier (``open_backend``)
+MEMORY = "memory"
+# how blocks are coded without a calibration: the predictor-free fast lane, or not at all
+FREE_CODINGS = ("fast", "raw")
 
 
-def open_backend(spec: str | Backend) -> Backend:
-    """A ``speckv.store`` backend from a folder path or a ``redis://`` / ``rediss://`` URL."""
+def memory_tier_path(name: str) -> Path:
+    """Where the host-RAM tier named ``name`` keeps its entries: a folder on the RAM file
+    system (``/dev/shm``, else the temporary folder), so that every process of one engine
+    (vLLM's scheduler and workers) sees the same entries."""
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    return root / f"speckv-{safe}"
+
+
+def open_backend(
+    spec: str | Backend | Sequence[str],
+    *,
+    max_bytes: int | Sequence[int | None] | None = None,
+    name: str = "default",
+) -> Backend:
+    """A ``speckv.store`` backend from a spec: a folder path, a ``redis://`` / ``rediss://`` /
+    ``unix://`` URL, or ``"memory"`` (the host-RAM tier ``memory_tier_path(name)``, shared by
+    the processes of one engine); a list of specs stacks them, upper first
+    (``speckv.tiered.TieredBackend``: RAM over a folder or Redis). ``max_bytes`` bounds a
+    folder or the memory tier (evicting least recently used prefix tails); for a stack, one
+    budget per tier (None: none). A Redis server's budget is its own ``maxmemory`` (with
+    ``maxmemory-policy allkeys-lru``), so ``max_bytes`` for a URL is refused."""
+    if not isinstance(spec, (str, Backend)):
+        specs = list(spec)
+        budgets = list(max_bytes) if isinstance(max_bytes, (list, tuple)) else [max_bytes] + [None] * (len(specs) - 1)
+        if len(budgets) != len(specs):
+            raise ValueError(f"max_bytes: {len(budgets)} budgets for {len(specs)} tiers")
+        from ..tiered import TieredBackend
+
+        return TieredBackend([open_backend(s, max_bytes=b, name=name) for s, b in zip(specs, budgets)])
+    if isinstance(max_bytes, (list, tuple)):
+        raise ValueError("max_bytes: a list of budgets is for a list of tiers")
+    if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0):
+        raise ValueError(f"max_bytes: expected a positive number of bytes, got {max_bytes!r}")
     if not isinstance(spec, str):
+        if max_bytes is not None:
+            raise ValueError("max_bytes: give the budget to the backend object itself")
         return spec
     if spec.startswith(("redis://", "rediss://", "unix://")):
+        if max_bytes is not None:
+            raise ValueError(
+                "max_bytes: a Redis server's budget is its own: set its maxmemory and "
+                "maxmemory-policy allkeys-lru (see speckv.store)"
+            )
         return RedisBackend(spec)
-    return DirectoryBackend(os.path.expanduser(spec))
+    if spec == MEMORY:
+        return DirectoryBackend(memory_tier_path(name), max_bytes, durable=False)
+    return DirectoryBackend(os.path.expanduser(spec), max_bytes)
 
 
 class EngineStore:
@@ -57,19 +104,25 @@ class EngineStore:
     (``open_backend``); ``block_size``: the engine's block size; ``cache_dtype``: the torch
     dtype the engine stores its cache in (fp8: ``float8_e4m3fn``, with the calibration's fp8
     scales); ``weights=False`` builds only what keys and matching need (the engine's
-    scheduler), ``True`` the predictor too (its workers)."""
+    scheduler), ``True`` the predictor too (its workers). Without a calibration, ``coding``
+    says how blocks are stored: ``"fast"`` (the predictor-free lane) or ``"raw"``
+    (uncompressed: the baseline tier, same keys, budget and eviction). ``max_bytes`` and
+    ``name``: see ``open_backend``."""
 
     def __init__(
         self,
         model_folder: str | os.PathLike[str],
         calibration: str | os.PathLike[str] | None,
-        store: str | Backend,
+        store: str | Backend | Sequence[str],
         *,
         block_size: int,
         cache_dtype: torch.dtype = torch.bfloat16,
         weights: bool = True,
         joint: bool | None = None,
         threads: int | None = None,
+        coding: str = "fast",
+        max_bytes: int | Sequence[int | None] | None = None,
+        name: str = "default",
     ) -> None:
         from ..hf.calibration import Calibration
         from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
@@ -86,8 +139,13 @@ class EngineStore:
         self.block_size = int(block_size)
         self._logged: set[str] = set()
         folder = Path(model_folder)
+        if coding not in FREE_CODINGS:
+            raise ValueError(f"coding: expected one of {FREE_CODINGS}, got {coding!r}")
+        if calibration is not None and coding != "fast":
+            raise ValueError(f"coding={coding!r} stores blocks without a predictor: give no calibration")
+        backend = open_backend(store, max_bytes=max_bytes, name=name)
         if calibration is None:
-            self._free(folder, store, threads)
+            self._free(folder, backend, threads, coding)
             return
         cal = Calibration.load(str(calibration))
         description = dict(cal.metadata.get("predictor", {}))
@@ -103,7 +161,7 @@ class EngineStore:
         self.codec: SpeculativeCodec | None = SpeculativeCodec(
             model, cal, predictor, fingerprint=fingerprint, joint=joint
         )
-        self.backend = open_backend(store)
+        self.backend = backend
         self.prefix: PrefixStore | FreePrefixStore = PrefixStore(
             self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads
         )
@@ -111,8 +169,9 @@ class EngineStore:
         heads, dim = int(cal.sigma.shape[2]), int(cal.sigma.shape[3])
         self.kv_spec = (cal.n_layers, heads, dim)
 
-    def _free(self, folder: Path, store: str | Backend, threads: int | None) -> None:
-        """The predictor-free store (``calibration=None``): the model's config, no weights."""
+    def _free(self, folder: Path, backend: Backend, threads: int | None, coding: str) -> None:
+        """The predictor-free (or raw) store (``calibration=None``): the model's config, no
+        weights."""
         from ..hf.architecture import text_config
         from ..hf.checkpoint import _skeleton, checkpoint_fingerprint
         from ..hf.free_store import FreePrefixStore
@@ -129,13 +188,14 @@ class EngineStore:
         self.kv_spec = (int(config.num_hidden_layers), heads, dim)
         self.codec = None
         self.fp8_scales = None
-        self.backend = open_backend(store)
+        self.backend = backend
         self.prefix = FreePrefixStore(
             checkpoint_fingerprint(folder, model),
             self.backend,
             block_size=self.block_size,
             dtype=self.dtype,
             threads=threads,
+            coding=coding,
         )
 
     def fault(self, kind: str, message: str) -> None:
@@ -165,12 +225,13 @@ class EngineStore:
         if now["corrupt_entries"] > before["corrupt_entries"]:
             self.fault(f"{doing}:entry", f"{doing}: a damaged or foreign entry ended a stored prefix")
 
-    def match(self, token_ids: list[int] | torch.Tensor) -> int:
-        """Tokens of the longest stored, intact, block-aligned prefix of ``token_ids`` (0 on
-        any fault)."""
+    def match(self, token_ids: list[int] | torch.Tensor, *, read: bool = True) -> int:
+        """Tokens of the longest stored block-aligned prefix of ``token_ids`` (0 on any
+        fault): entries read and checked, or (``read=False``, an engine's scheduler) from the
+        backend's index alone, a damaged entry then found by ``load``."""
         before = self.prefix.stats_counters()
         try:
-            return self.prefix.match(_ids(token_ids))
+            return self.prefix.match(_ids(token_ids), read=read)
         except Exception as e:  # a store that fails is a miss, never an engine error
             self.fault(f"match:{type(e).__name__}", f"matching a prefix failed: {e}")
             return 0
@@ -208,4 +269,12 @@ def _ids(token_ids: list[int] | torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(token_ids, dtype=torch.int64).reshape(1, -1)
 
 
-__all__ = ["CACHE_DTYPES", "HOSTED_PREDICTORS", "EngineStore", "open_backend"]
+__all__ = [
+    "CACHE_DTYPES",
+    "FREE_CODINGS",
+    "HOSTED_PREDICTORS",
+    "MEMORY",
+    "EngineStore",
+    "memory_tier_path",
+    "open_backend",
+]

@@ -2,10 +2,10 @@
 
 Every whole block of a prompt's KV cache is compressed (speckv's codec, with a predictor that
 fits inside the worker: see ``EngineStore``) and stored under a hash chain over the token blocks
-and the codec's identity, in a folder or a Redis server: prompts sharing a prefix store it once,
-and a restarted engine, or another one on the same store, reads what the first stored. A new
-request whose prompt starts with stored blocks gets them decoded into its own blocks instead of
-computing them, bit for bit the cache the storing run computed.
+and the codec's identity, in host RAM, a folder or a Redis server: prompts sharing a prefix
+store it once, and a restarted engine, or another one on the same store, reads what the first
+stored. A new request whose prompt starts with stored blocks gets them decoded into its own
+blocks instead of computing them, bit for bit the cache the storing run computed.
 
 Configuration (``calibration``: ``speckv calibrate --model FOLDER --predictor map -o FILE``, on
 the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``)::
@@ -17,13 +17,38 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
         kv_connector="SpeckvConnector",
         kv_connector_module_path="speckv.integrations.vllm",
         kv_role="kv_both",
-        kv_connector_extra_config={"store": "/var/kv" or "redis://127.0.0.1:6379/0",
+        kv_connector_extra_config={"store": "memory", "max_bytes": 8 << 30,
                                    "calibration": "cal.safetensors"}))
 
-Faults never reach the engine: a store that fails, an entry that is damaged, foreign or
-missing, a decode that is refused, all make the request compute those tokens itself (logged
-once per kind). For that the connector sets vLLM's ``kv_load_failure_policy`` to
-``"recompute"`` unless ``kv_connector_extra_config["load_failure"]`` is ``"fail"``.
+``kv_connector_extra_config``:
+
+- ``store``: ``"memory"`` (host RAM: a folder on ``/dev/shm`` that every process of this
+  engine shares, removed when the engine exits), a folder, or ``redis://HOST:PORT/DB``; or a
+  list of them, upper first (``["memory", "/var/kv"]``: RAM over disk, written through to
+  both, a lower tier's hit promoted; ``speckv.tiered``);
+- ``max_bytes``: the tier's budget in bytes (memory and folders; a list for a list of tiers):
+  least recently used prefix tails are evicted (``speckv.store``). A Redis server's budget
+  is its ``maxmemory`` with ``maxmemory-policy allkeys-lru``;
+- ``calibration``: the predictor's calibration file; or ``predictor``: ``"none"`` (the
+  predictor-free fast lane, no calibration) or ``"raw"`` (blocks stored uncompressed: the
+  baseline tier, same keys, budget and eviction);
+- ``save_queue``: saves waiting for the background saver (default 8; each holds a copy of its
+  blocks). The worker copies a request's blocks out during the step and a thread of its own
+  codes and stores them (``BackgroundSaver``): a full queue drops the save (counted), never
+  stalls the step. ``0``: store inside the step, as a synchronous connector;
+- ``save_threads``: the codec threads of a background save (default 1: the engine keeps the
+  other cores);
+- ``stats_file``: a JSON file the worker writes its counters to when it shuts down (and the
+  scheduler its own next to it, ``.scheduler.json``): hits, misses, tokens served, bytes,
+  evictions, saves dropped, faults;
+- ``load_failure``: ``"recompute"`` (default) or ``"fail"``.
+
+Faults never reach the engine: a store that fails, an entry that is damaged, foreign,
+evicted or missing, a decode that is refused, all make the request compute those tokens itself
+(logged once per kind, counted). For that the connector sets vLLM's ``kv_load_failure_policy``
+to ``"recompute"`` unless ``load_failure`` is ``"fail"``. The scheduler matches prompts
+against the tier's index (``has``: no entry read); an entry damaged or evicted since is found
+when the worker loads it, and those blocks are computed.
 
 Layouts: vLLM's CPU attention backend (``speckv.integrations.paged``); any other paged layout
 is refused at start-up (``UnsupportedLayoutError``, naming it). Cache dtypes: the model's
@@ -33,8 +58,12 @@ refused). Models with several KV cache groups (sliding-window layers) are refuse
 
 from __future__ import annotations
 
+import atexit
+import json
 import re
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,8 +74,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from .engine import EngineStore
+from .engine import MEMORY, EngineStore, memory_tier_path
 from .paged import PagedLayout, UnsupportedLayoutError
+from .saver import BackgroundSaver
 
 if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext
@@ -64,6 +94,13 @@ _CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
 }
+# predictor values that need no calibration -> how EngineStore codes blocks then
+_FREE = {"none": "fast", "raw": "raw"}
+DEFAULT_SAVE_QUEUE = 8
+# loads listed in the worker's stats (request id, tokens it had, matched, served)
+MAX_LOADS_KEPT = 100_000
+# how long an engine shutting down waits for queued saves
+SHUTDOWN_DRAIN_S = 60.0
 
 
 @dataclass
@@ -110,9 +147,10 @@ class SpeckvConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        free = extra.get("predictor") == "none"
-        if extra.get("predictor") not in (None, "none"):
-            raise ValueError(f"SpeckvConnector: predictor must be 'none' or absent, got {extra['predictor']!r}")
+        predictor = extra.get("predictor")
+        if predictor is not None and predictor not in _FREE:
+            raise ValueError(f"SpeckvConnector: predictor must be one of {sorted(_FREE)} or absent, got {predictor!r}")
+        free = predictor is not None
         for needed in ("store",) if free else ("store", "calibration"):
             if needed not in extra:
                 raise ValueError(
@@ -126,15 +164,48 @@ class SpeckvConnector(KVConnectorBase_V1):
             )
         self._block_size = int(vllm_config.cache_config.block_size)
         self._dtype = cache_dtype(vllm_config)
-        self.store = EngineStore(
-            vllm_config.model_config.model,
-            None if free else extra["calibration"],
-            extra["store"],
-            block_size=self._block_size,
-            cache_dtype=self._dtype,
-            weights=role == KVConnectorRole.WORKER,
-            joint=extra.get("joint"),
-        )
+        queue_depth = int(extra.get("save_queue", DEFAULT_SAVE_QUEUE))
+        if queue_depth < 0:
+            raise ValueError(f"SpeckvConnector: save_queue must be >= 0, got {queue_depth}")
+        # the memory tier is this engine's: named by its id, which every process of it shares
+        name = str(self._kv_transfer_config.engine_id or "default")
+        worker = self._worker = role == KVConnectorRole.WORKER
+
+        def store(threads: int | None = None) -> EngineStore:
+            return EngineStore(
+                vllm_config.model_config.model,
+                None if free else extra["calibration"],
+                extra["store"],
+                block_size=self._block_size,
+                cache_dtype=self._dtype,
+                weights=worker,
+                joint=extra.get("joint"),
+                threads=threads,
+                coding=_FREE.get(predictor, "fast"),
+                max_bytes=extra.get("max_bytes"),
+                name=name,
+            )
+
+        self.store = store()
+        # the background saver codes with a store of its own (its own predictor state), on the
+        # same backend: loads never wait for a save's codec
+        self._saver: BackgroundSaver | None = None
+        if worker and queue_depth:
+            saving = store(threads=int(extra.get("save_threads", 1)))
+            saving.backend = saving.prefix.backend = self.store.backend
+            self._saving_store: EngineStore | None = saving
+            self._saver = BackgroundSaver(self._save_now, depth=queue_depth)
+        else:
+            self._saving_store = None
+        self._stats_file = extra.get("stats_file")
+        # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
+        self._loads: list[list[Any]] = []
+        self._counters = {"matches": 0, "tokens_matched": 0, "tokens_loaded": 0, "blocks_failed": 0}
+        specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
+        if MEMORY in specs and role == KVConnectorRole.SCHEDULER:
+            atexit.register(shutil.rmtree, memory_tier_path(name), True)
+        if role == KVConnectorRole.SCHEDULER and self._stats_file:
+            atexit.register(self._write_stats)
         if role == KVConnectorRole.SCHEDULER and extra.get("load_failure", "recompute") == "recompute":
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
@@ -161,12 +232,14 @@ class SpeckvConnector(KVConnectorBase_V1):
         ids = list(request.prompt_token_ids or [])
         # vLLM computes at least the prompt's last token itself
         usable = (len(ids) - 1) // self._block_size * self._block_size
+        self._counters["matches"] += 1
         if usable <= num_computed_tokens:
             return 0, False
-        n = self.store.match(ids[:usable])
+        n = self.store.match(ids[:usable], read=False)
         self._matched[request.request_id] = n
         if n <= num_computed_tokens:
             return 0, False
+        self._counters["tokens_matched"] += n - num_computed_tokens
         self._need_load[request.request_id] = (num_computed_tokens, ids[:n])
         return n - num_computed_tokens, False
 
@@ -287,7 +360,11 @@ class SpeckvConnector(KVConnectorBase_V1):
                 except Exception as e:  # never the engine's error: those blocks are computed
                     self.store.fault(f"inject:{type(e).__name__}", f"writing decoded blocks failed: {e}")
                     served = load.first
+            self._counters["tokens_loaded"] += (served - load.first) * b
+            if len(self._loads) < MAX_LOADS_KEPT:
+                self._loads.append([load.req_id, load.first * b, len(load.block_ids) * b, served * b])
             failed = load.block_ids[served:]
+            self._counters["blocks_failed"] += len(failed)
             if failed:
                 self.store.fault(
                     "partial",
@@ -325,11 +402,68 @@ class SpeckvConnector(KVConnectorBase_V1):
             layers = captured.get(save.req_id, {})
             if sorted(layers) != sorted(self._caches):
                 continue  # a layer could not be read: nothing stored, a later miss
-            self.store.save(save.token_ids, [layers[i] for i in sorted(layers)])
+            kv = [layers[i] for i in sorted(layers)]
+            if self._saver is not None:
+                self._saver.submit(save.token_ids, kv)
+            else:
+                self.store.save(save.token_ids, kv)
+
+    def _save_now(self, token_ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """One background save (the saver's thread)."""
+        assert self._saving_store is not None
+        return self._saving_store.save(token_ids, kv)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def shutdown(self) -> None:
+        """Finishes the queued saves (at most ``SHUTDOWN_DRAIN_S``), then writes the counters
+        (``stats_file``)."""
+        if self._saver is not None:
+            if not self._saver.close(SHUTDOWN_DRAIN_S):
+                logger.warning("speckv: %d saves were still queued at shutdown (not stored)", self._saver.pending())
+        self._write_stats()
+
+    # ==============================
+    # Both sides
+    # ==============================
+    def stats(self) -> dict[str, Any]:
+        """This side's counters: prompts matched and tokens matched (scheduler), tokens loaded and
+        blocks that failed (worker), the saver's, and the tier's (``BlockChain.stats``: hits,
+        misses, holes, declined, corrupt entries, store errors; blocks, bytes, evictions)."""
+        out: dict[str, Any] = {"role": "worker" if self._worker else "scheduler"}
+        out.update(self._counters)
+        tier = self.store.prefix.stats_counters()
+        if self._saving_store is not None:
+            for k, v in self._saving_store.prefix.stats_counters().items():
+                tier[k] = tier.get(k, 0) + v
+        try:
+            tier.update(blocks=len(self.store.backend.keys()), bytes=self.store.backend.nbytes())
+        except Exception as e:  # the counters still count when the store is gone
+            tier["stats_error"] = str(e)
+        tier["evictions"] = int(getattr(self.store.backend, "evictions", 0))
+        out["tier"] = tier
+        tiers = getattr(self.store.backend, "tier_stats", None)
+        if tiers is not None:
+            out["tiers"] = tiers()
+        if self._saver is not None:
+            out["saver"] = self._saver.counters()
+        if self._worker:
+            out["loads"] = list(self._loads)
+        return out
+
+    def _write_stats(self) -> None:
+        if not self._stats_file:
+            return
+        stats = self.stats()
+        path = Path(self._stats_file)
+        if stats["role"] == "scheduler":
+            path = path.with_suffix(".scheduler.json")
+        try:
+            path.write_text(json.dumps(stats, indent=1))
+        except OSError as e:
+            logger.warning("speckv: could not write stats_file %s: %s", path, e)
 
 
 __all__ = ["SpeckvConnector", "SpeckvConnectorMetadata", "cache_dtype"]

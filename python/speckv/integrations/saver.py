@@ -1,0 +1,106 @@
+"""``BackgroundSaver``: an engine's saves compressed and stored on a thread of their own, off
+the engine's step.
+
+The engine hands over copies of the blocks to store (``submit``) and goes on at once; one
+thread codes and stores them in order. The queue between the two is bounded (``depth``
+saves, each holding its blocks' copies): when it is full, ``submit`` drops the save and counts
+it, so a slow store or codec costs later misses, never a stalled step. ``drain`` waits for
+what is queued (an engine shutting down), ``close`` then stops the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("speckv.engine")
+
+_STOP = object()
+
+
+class BackgroundSaver:
+    """Runs ``save(*args)`` for each submitted save on one daemon thread, behind a queue of
+    at most ``depth`` saves (module docs). ``save`` returns the tokens it stored; an exception
+    it raises is counted (``failed``) and logged once, never raised to the submitter."""
+
+    def __init__(self, save: Callable[..., int], *, depth: int = 8, name: str = "speckv-saver") -> None:
+        if depth < 1:
+            raise ValueError(f"depth: must be at least 1, got {depth}")
+        self._save = save
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._lock = threading.Lock()
+        self._counters = {"submitted": 0, "dropped": 0, "saved": 0, "tokens_saved": 0, "failed": 0}
+        self._logged = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, *args: Any) -> bool:
+        """Queues one save; False (counted as ``dropped``) if the queue is full or closed."""
+        with self._lock:
+            self._counters["submitted"] += 1
+        if self._thread.is_alive():
+            try:
+                self._queue.put_nowait(args)
+                return True
+            except queue.Full:
+                pass
+        with self._lock:
+            self._counters["dropped"] += 1
+        return False
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                tokens = self._save(*item)
+                with self._lock:
+                    self._counters["saved"] += 1
+                    self._counters["tokens_saved"] += int(tokens)
+            except Exception as e:  # the engine never sees a save's error
+                with self._lock:
+                    self._counters["failed"] += 1
+                if not self._logged:
+                    self._logged = True
+                    log.warning("speckv: a background save failed (logged once): %s", e)
+            finally:
+                self._queue.task_done()
+
+    def pending(self) -> int:
+        """Saves queued or running."""
+        return self._queue.unfinished_tasks
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Waits until every queued save is done (at most ``timeout_s``); whether they are."""
+        done = threading.Event()
+
+        def wait() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        return done.wait(timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Drains (at most ``timeout_s``), then stops the thread; whether everything queued was
+        saved. Later submits are dropped."""
+        drained = self.drain(timeout_s)
+        if self._thread.is_alive():
+            try:
+                self._queue.put(_STOP, timeout=0 if not drained else None)
+            except queue.Full:
+                pass
+            self._thread.join(timeout_s if drained else 0)
+        return drained
+
+    def counters(self) -> dict[str, int]:
+        """``submitted``, ``dropped`` (queue full), ``saved``, ``tokens_saved``, ``failed``."""
+        with self._lock:
+            return dict(self._counters)
+
+
+__all__ = ["BackgroundSaver"]
