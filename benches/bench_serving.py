@@ -143,6 +143,9 @@ def summarize(result: dict[str, Any], warmup: int, reference: dict[str, Any] | N
             evictions=tier.get("evictions", 0),
             saves_dropped=stats.get("saver", {}).get("dropped", 0),
             faults=stats["blocks_failed"] + tier["corrupt_entries"] + tier["store_errors"] + tier["holes"],
+            load_s=stats.get("load_s"),
+            save_copy_s=stats.get("save_copy_s"),
+            saver_busy_s=stats.get("saver", {}).get("busy_s"),
         )
     return out
 

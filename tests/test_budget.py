@@ -92,7 +92,7 @@ def test_the_budget_state_is_rebuilt_when_lost(tmp_path):
         st.one_of(
             st.tuples(st.just("put"), st.integers(0, 4), st.integers(1, 6)),
             st.tuples(st.just("touch"), st.integers(0, 4), st.integers(1, 6)),
-            st.tuples(st.just("delete"), st.integers(0, 4), st.integers(0, 5)),
+            st.tuples(st.just("delete"), st.integers(0, 4), st.integers(1, 5)),
         ),
         min_size=1,
         max_size=30,
@@ -246,10 +246,20 @@ def test_redis_maxmemory_is_the_budget_and_a_hole_ends_a_prefix(small_redis):
     backend = RedisBackend(small_redis, prefix="budget:")
     store = FreePrefixStore("m", backend, block_size=16, dtype="bf16", coding="raw")
     g = torch.Generator().manual_seed(0)
+
+    def cache():
+        return [tuple(torch.randn(1, 4, 128, 64, generator=g).to(torch.bfloat16) for _ in range(2)) for _ in range(4)]
+
+    # a middle block gone, as the server's eviction leaves a chain: the prefix ends before it
+    ids = torch.randint(0, 1000, (1, 16 * 8), generator=g)
+    store.put(ids, cache())
+    backend.delete(store.keys(ids)[3])
+    assert store.match(ids, read=False) == 48 and store.get_kv(ids)[1] == 48
+    assert store.stats_counters()["holes"] == 1
     prompts, caches = [], []
     for _ in range(12):
         ids = torch.randint(0, 1000, (1, 16 * 8), generator=g)
-        kv = [tuple(torch.randn(1, 4, 128, 64, generator=g).to(torch.bfloat16) for _ in range(2)) for _ in range(4)]
+        kv = cache()
         store.put(ids, kv)
         prompts.append(ids)
         caches.append(kv)
@@ -259,7 +269,7 @@ def test_redis_maxmemory_is_the_budget_and_a_hole_ends_a_prefix(small_redis):
     present = [[backend.has(k) for k in chain] for chain in keys]
     first_missing = [p.index(False) if False in p else len(p) for p in present]
     holes = sum(n < len(p) - 1 and p[n + 1] for n, p in zip(first_missing, present))
-    assert holes >= 1  # the server evicted blocks in the middle of chains
+    assert sum(map(sum, present)) < 12 * 8  # the server evicted (roots, tails and middles alike)
     served = 0
     for ids, kv, n in zip(prompts, caches, first_missing):
         assert store.match(ids, read=False) == 16 * n
@@ -270,6 +280,6 @@ def test_redis_maxmemory_is_the_budget_and_a_hole_ends_a_prefix(small_redis):
             assert torch.equal(k2.view(torch.int16), k[:, :, :got].view(torch.int16))
             assert torch.equal(v2.view(torch.int16), v[:, :, :got].view(torch.int16))
     counters = store.stats_counters()
-    assert 0 < served < 12 * 128
+    assert served < 12 * 128  # roots are evicted as readily as tails: often nothing is served
     assert counters["corrupt_entries"] == 0
-    assert counters["holes"] == holes  # each prefix that ended at a hole, counted by match
+    assert counters["holes"] == 1 + holes  # each prefix that ended at a hole, counted by match

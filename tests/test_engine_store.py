@@ -67,12 +67,61 @@ def test_paged_cpu_layout_reads_and_writes_blocks_bit_for_bit(dtype, blocks, hea
     assert torch.equal(other.view(raw.dtype)[untouched], before[untouched])
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    blocks=st.integers(1, 4),
+    heads=st.integers(1, 3),
+    b=st.sampled_from([16, 32]),
+    dim=st.sampled_from([16, 32]),
+    seed=st.integers(0, 2**31),
+)
+def test_paged_amx_layout_reads_and_writes_blocks_bit_for_bit(dtype, blocks, heads, b, dim, seed):
+    """vLLM's ``amx`` CPU kernels' blocks (module docs of ``speckv.integrations.paged``): K in
+    16-token tiles of channel pairs, V in 16-channel tiles of token pairs; read as the model's
+    cache, written back bit for bit, other blocks untouched."""
+    buffer = _random_bits((blocks + 2, heads, b, 2 * dim), dtype, seed)
+    layout = PagedLayout.detect(buffer, platform="cpu", block_size=b, kv_heads=heads, head_dim=dim, isa="amx")
+    assert layout.kind == "cpu-amx"
+    order = [int(i) for i in torch.randperm(blocks + 2, generator=torch.Generator().manual_seed(seed))[:blocks]]
+    k, v = layout.read(buffer, order)
+    raw = buffer.view(torch.int16)
+    for i, blk in enumerate(order):
+        flat = raw[blk].reshape(heads, -1)
+        kb = k.view(torch.int16)[0, :, i * b : (i + 1) * b]
+        vb = v.view(torch.int16)[0, :, i * b : (i + 1) * b]
+        for t, d in ((0, 0), (1, 0), (0, 1), (17 % b, 3), (b - 1, dim - 1), (5, dim - 2)):
+            # element (token t, channel d) where the kernels keep it
+            k_at = ((t // 16 * (dim // 2) + d // 2) * 16 + t % 16) * 2 + d % 2
+            v_at = ((d // 16 * (b // 2) + t // 2) * 16 + d % 16) * 2 + t % 2
+            assert torch.equal(kb[:, t, d], flat[:, k_at]) and torch.equal(vb[:, t, d], flat[:, dim * b + v_at])
+    other = _random_bits(buffer.shape, dtype, seed + 1)
+    before = other.view(torch.int16).clone()
+    layout.write(other, order, k, v)
+    assert torch.equal(other.view(torch.int16)[order], raw[order])
+    untouched = [i for i in range(blocks + 2) if i not in [int(o) for o in order]]
+    assert torch.equal(other.view(torch.int16)[untouched], before[untouched])
+
+
 def test_other_layouts_are_refused_by_name():
     import re
 
     for shape, platform in (((2, 10, 16, 2, 8), "cpu"), ((10, 16, 2, 16), "cpu"), ((10, 2, 16, 16), "cuda")):
         with pytest.raises(UnsupportedLayoutError, match=re.escape(str(list(shape)))):
             PagedLayout.detect(torch.zeros(shape), platform=platform, block_size=16, kv_heads=2, head_dim=8)
+    ok = torch.zeros((10, 2, 32, 64), dtype=torch.bfloat16)
+    for isa in ("vec16", "neon", "vsx"):  # kernels whose blocks speckv has not read
+        with pytest.raises(UnsupportedLayoutError, match=isa):
+            PagedLayout.detect(ok, platform="cpu", block_size=32, kv_heads=2, head_dim=32, isa=isa)
+    with pytest.raises(UnsupportedLayoutError, match="amx"):  # fp8 under amx: not checked yet
+        PagedLayout.detect(
+            ok.view(torch.uint8)[..., :64].contiguous().view(torch.float8_e4m3fn),
+            platform="cpu",
+            block_size=32,
+            kv_heads=2,
+            head_dim=32,
+            isa="amx",
+        )
 
 
 @pytest.fixture(scope="module")

@@ -202,3 +202,80 @@ def test_the_predictor_free_connector_refuses_foreign_entries(engine, free_runs,
     run = engine.run("speckv", str(store), record=True, extra={"predictor": "none"})
     assert run["outputs"] == free_runs["none"]["outputs"]
     assert "could not be served" in run["log"] and not _records(run, "injected")
+
+
+@pytest.fixture(scope="module")
+def workload(engine):
+    """Three documents of two blocks, read twice in turn (tile order), each time with another
+    question; and the run without a connector."""
+    from transformers import AutoTokenizer
+
+    from speckv.hf.demo import bundled_text
+
+    ids = AutoTokenizer.from_pretrained(engine.folder).encode(bundled_text("evaluation"))
+    docs = [ids[6000 + 300 * i : 6000 + 300 * i + 2 * BLOCK] for i in range(3)]
+    requests = [docs[k % 3] + ids[9000 + 20 * k : 9020 + 20 * k] for k in range(6)]
+    load = {"kind": "long-doc-qa", "requests": requests, "max_tokens": 8}
+    return load, engine.run("none", workload=load, in_process=True)
+
+
+def _tier_run(engine, tmp_path, workload, store, **extra):
+    stats = tmp_path / f"stats-{engine.count}.json"
+    run = engine.run(
+        "speckv-free", store, workload=workload, extra={"stats_file": str(stats), "predictor": "none", **extra}
+    )
+    import json
+
+    return run, json.loads(stats.read_text())
+
+
+def test_a_budget_the_raw_tier_thrashes_in_holds_every_compressed_document(engine, workload, tmp_path):
+    """The host-RAM tier at 4.5 raw blocks: raw blocks (two documents' worth) are evicted
+    before they are read again, tail first; the fast lane's (0.68x) hold all three, and the
+    second pass is served from the tier: every output equals no connector's."""
+    load, none = workload
+    budget = int(4.5 * (30 * 2 * 3 * 64 * BLOCK * 2))
+    tiers_before = set(Path("/dev/shm").glob("speckv-*"))
+    raw, raw_stats = _tier_run(engine, tmp_path, load, "memory", predictor="raw", max_bytes=budget)
+    fast, fast_stats = _tier_run(engine, tmp_path, load, "memory", max_bytes=budget)
+    outputs = [r["output"] for r in none["requests"]]
+    assert [r["output"] for r in raw["requests"]] == outputs
+    assert [r["output"] for r in fast["requests"]] == outputs
+    assert raw_stats["tokens_loaded"] == 0 and raw_stats["tier"]["evictions"] >= 4
+    assert fast_stats["tokens_loaded"] == 3 * 2 * BLOCK and fast_stats["tier"]["evictions"] == 0
+    for stats in (raw_stats, fast_stats):
+        assert stats["tier"]["bytes"] <= budget and stats["blocks_failed"] == 0
+        assert stats["saver"]["saved"] >= 3 and stats["saver"]["dropped"] == 0 and stats["saver"]["failed"] == 0
+    assert set(Path("/dev/shm").glob("speckv-*")) <= tiers_before  # each tier went with its engine
+
+
+def test_redis_killed_and_restarted_mid_workload(engine, workload, tmp_path):
+    """The tier's Redis server shut down after the first pass and started again (empty) one
+    request later: the run completes, every output equals no connector's, the faults are
+    counted."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    from test_store import _free_port, _start_redis
+
+    port = _free_port()
+    proc = _start_redis(server, port, tmp_path)
+    restart = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    load, none = workload
+    load = dict(
+        load,
+        hooks={
+            "3": [shutil.which("redis-cli") or "redis-cli", "-p", str(port), "shutdown", "nosave"],
+            "4": restart + ["--daemonize", "yes", "--dir", str(tmp_path)],
+        },
+    )
+    try:
+        run, stats = _tier_run(engine, tmp_path, load, f"redis://127.0.0.1:{port}/0")
+    finally:
+        proc.kill()
+        subprocess.run(
+            [shutil.which("redis-cli") or "redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True
+        )
+    assert [r["output"] for r in run["requests"]] == [r["output"] for r in none["requests"]]
+    assert stats["tier"]["store_errors"] >= 1 or stats["saver"]["failed"] >= 1
+    assert "falling back to recompute" in run["log"]

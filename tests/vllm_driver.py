@@ -60,8 +60,11 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
             meta = self._get_connector_metadata()
             for save in getattr(meta, "saves", []):
                 layers = self._captured.get(save.req_id, {})
-                if layers:
-                    _record("stored", save.req_id, dict(layers))
+                if layers and self._layout is not None:
+                    pairs = {i: self._layout.split(b.numpy()) for i, b in layers.items()}
+                    _record(
+                        "stored", save.req_id, {i: tuple(torch.from_numpy(t) for t in kv) for i, kv in pairs.items()}
+                    )
             super().wait_for_save()
 
 except ImportError:  # imported by pytest outside the vLLM virtualenv: only the docs matter
@@ -243,12 +246,20 @@ def run_workload(llm: Any, workload: dict[str, Any]) -> dict[str, Any]:
       "max_tokens": N}``: round by round, each user's prompt the system prompt, then every
       earlier question and the engine's answer to it, then the round's question.
 
+    ``hooks``: ``{"i": argv}``, a command run (and waited for) before request ``i`` (a store
+    killed or restarted mid-workload, in the tests).
+
     Returns per request its prompt's length, output tokens, TTFT and time, and the wall time."""
+    import subprocess
+
     max_tokens = int(workload.get("max_tokens", 8))
+    hooks = {int(i): argv for i, argv in workload.get("hooks", {}).items()}
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     if workload["kind"] == "long-doc-qa":
-        for prompt in workload["requests"]:
+        for i, prompt in enumerate(workload["requests"]):
+            if i in hooks:
+                subprocess.run(hooks[i], check=True, timeout=60)
             rid, out, ttft, total = _timed(llm, prompt, max_tokens)
             rows.append({"id": rid, "prompt_tokens": len(prompt), "output": out, "ttft": ttft, "time": total})
     elif workload["kind"] == "multi-round":

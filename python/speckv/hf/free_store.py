@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,29 +84,32 @@ class FreePrefixStore(BlockChain):
         self.threads = threads
         self.coding = coding
 
-    def put(self, input_ids: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    def put(self, input_ids: torch.Tensor, kv: list[tuple[Any, Any]]) -> int:
         """Stores the whole blocks of ``kv`` (per layer ``(K, V)`` ``[1, kv_heads, tokens,
-        head_dim]``, the cache of ``input_ids``) not stored yet; returns how many tokens that
-        was. A backend that fails ends the storing there (``stats()["store_errors"]``)."""
+        head_dim]``, the cache of ``input_ids``: tensors in the storage dtype, or numpy arrays
+        of their bits as integers) not stored yet; returns how many tokens that was. A backend
+        that fails ends the storing there (``stats()["store_errors"]``). Coding runs on numpy
+        and the core alone (no torch op: an engine's saver thread stays out of torch's thread
+        pool)."""
         ids = prompt_ids(input_ids)
         want = DTYPES[self.dtype]
-        shapes = {tuple(t.shape) for pair in kv for t in pair}
-        if not kv or len(shapes) != 1 or any(t.dtype != want for pair in kv for t in pair):
+        words = [(_words(k, want), _words(v, want)) for k, v in kv]
+        shapes = {t.shape for pair in words for t in pair}
+        if not kv or len(shapes) != 1:
             raise ValueError(f"kv: expected per layer (K, V) of one shape, all {want}; got shapes {sorted(shapes)}")
         shape = next(iter(shapes))
         if len(shape) != 4 or shape[0] != 1 or shape[2] < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"kv: expected [1, heads, tokens >= the prompt's whole blocks, dim], got {list(shape)}")
+        typed = _arrays.numpy_dtype(_DTYPE_NAMES[want])
 
         def code(b: int, key: str) -> bytes:
             start, end = b * self.block_size, (b + 1) * self.block_size
-            block = torch.stack([torch.stack([k[0, :, start:end], v[0, :, start:end]]) for k, v in kv])
-            block = block.cpu().contiguous()
+            block = np.stack([np.stack([k[0, :, start:end], v[0, :, start:end]]) for k, v in words])
             if self.coding == "raw":
-                bits = block.view(_TORCH_WORDS[want]).numpy()
-                words = bits.astype(bits.dtype.newbyteorder("<"), copy=False)
-                return bytes.fromhex(key) + _RAW_HEADER.pack(RAW_MAGIC, *block.shape) + words.tobytes()
+                little = block.astype(block.dtype.newbyteorder("<"), copy=False)
+                return bytes.fromhex(key) + _RAW_HEADER.pack(RAW_MAGIC, *block.shape) + little.tobytes()
             # from numpy: decode then hands back numpy too (no torch hint in the stream)
-            return bytes.fromhex(key) + _api.encode(_arrays.to_numpy(block), threads=self.threads, lane="fast")
+            return bytes.fromhex(key) + _api.encode(block.view(typed), threads=self.threads, lane="fast")
 
         return self._put_chain(ids, code)
 
@@ -169,6 +173,21 @@ class FreePrefixStore(BlockChain):
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "float8_e4m3fn"}
+
+
+def _words(t: Any, want: torch.dtype) -> np.ndarray:
+    """A cache tensor of ``want`` (or a numpy array of its bits as integers, or of its
+    ml_dtypes type) as a numpy array of its bits as integers (a view where it can be)."""
+    word = np.dtype(_WORDS[want])
+    if isinstance(t, np.ndarray):
+        if t.dtype not in (word, _arrays.numpy_dtype(_DTYPE_NAMES[want])):
+            raise ValueError(f"kv: numpy arrays must hold {want}'s bits as {word}, got {t.dtype}")
+        return t.view(word)
+    if not isinstance(t, torch.Tensor) or t.dtype != want:
+        raise ValueError(f"kv: expected tensors of {want}, got {getattr(t, 'dtype', type(t).__name__)}")
+    return t.detach().cpu().contiguous().view(_TORCH_WORDS[want]).numpy()
+
+
 _TORCH_WORDS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 _WORDS = {torch.bfloat16: np.int16, torch.float16: np.int16, torch.float8_e4m3fn: np.uint8}
 

@@ -28,7 +28,9 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from ..store import Backend, DirectoryBackend, RedisBackend
@@ -251,18 +253,26 @@ class EngineStore:
         finally:
             self._faults_since(before, "loading")
 
-    def save(self, token_ids: list[int] | torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    def save(self, token_ids: list[int] | torch.Tensor, kv: list[tuple[Any, Any]]) -> int:
         """Stores the blocks of ``kv`` (the engine's cache of ``token_ids``, per layer ``(K, V)``
-        ``[1, kv_heads, tokens, head_dim]``) not stored yet; returns how many tokens that was
-        (0 on any fault: a cache not stored is a later miss, never an engine error)."""
+        ``[1, kv_heads, tokens, head_dim]``: tensors in the cache dtype, or numpy arrays of
+        their bits as integers) not stored yet; returns how many tokens that was (0 on any
+        fault: a cache not stored is a later miss, never an engine error)."""
         before = self.prefix.stats_counters()
         try:
+            if self.codec is not None:  # the predicted store codes tensors
+                kv = [(_tensor(k, self.cache_dtype), _tensor(v, self.cache_dtype)) for k, v in kv]
             return self.prefix.put(_ids(token_ids), kv)
         except Exception as e:
             self.fault(f"save:{type(e).__name__}", f"storing a prefix failed: {e}")
             return 0
         finally:
             self._faults_since(before, "storing")
+
+
+def _tensor(t: Any, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a tensor of ``dtype``: integer bits (numpy) viewed as it, without a copy."""
+    return torch.from_numpy(t).view(dtype) if isinstance(t, np.ndarray) else t
 
 
 def _ids(token_ids: list[int] | torch.Tensor) -> torch.Tensor:

@@ -3,17 +3,26 @@
 A serving engine keeps each layer's cache in fixed-size blocks of tokens; a request owns a list
 of block ids. speckv codes caches as per-layer ``[1, kv_heads, tokens, head_dim]`` tensors, so
 the connector reads a request's blocks into that shape and writes decoded ones back, bit for
-bit (pure copies and views: no arithmetic touches a value).
+bit (pure copies and views: no arithmetic touches a value). Stored blocks are always in that
+canonical shape, whatever the engine's layout, so engines of different layouts can share a
+store.
 
-Layouts (``PagedLayout``; a buffer of another shape is refused with ``UnsupportedLayoutError``
-naming it):
+Layouts (``PagedLayout``; a buffer of another shape, or an attention kernel whose layout is
+not listed, is refused with ``UnsupportedLayoutError`` naming it). vLLM's CPU attention
+backend keeps a layer as ``[num_blocks, kv_heads, block_size, 2 * head_dim]``: inside one block
+and head, ``B * D`` elements of K, then ``B * D`` of V (B the block size, D the head size),
+laid out as its attention kernel (its "ISA", ``vllm.v1.attention.backends.cpu_attn``) reads
+them::
 
-``cpu`` (vLLM's CPU attention backend), per layer ``[num_blocks, kv_heads, block_size,
-2 * head_dim]``; inside one block and head, the keys transposed, then the values::
+    kind       ISA    K (B * D elements)                  V (B * D elements)
+    cpu        vec    [D][B]            (K transposed)    [B][D]
+    cpu-amx    amx    [B/16][D/2][16][2] (16-token tiles,  [D/16][B/2][16][2] (16-channel tiles,
+                      channel pairs)                       token pairs)
 
-    offset (elements)            size                   content
-    0                            head_dim * block_size  K as [head_dim][block_size]
-    head_dim * block_size        block_size * head_dim  V as [block_size][head_dim]
+``amx`` is what vLLM picks for bf16 caches on processors with AMX (Intel Sapphire Rapids and
+later) and blocks of a multiple of 32 tokens; its layout was read off vLLM 0.32's buffers
+against the model's own cache (layer 0's V equal in every scalar). Other ISAs (``vec16``,
+``neon``, ...) and fp8 caches under ``amx`` are refused until their layout is checked.
 
 GPU backends (``[2, num_blocks, block_size, kv_heads, head_dim]`` and others) follow when they
 can be tested on a GPU.
@@ -24,11 +33,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .._speckv import SpeckvError
 
 CPU = "cpu"
+CPU_AMX = "cpu-amx"
+# vLLM CPU attention ISA -> the layout its kernels keep blocks in
+CPU_ISAS = {"vec": CPU, "amx": CPU_AMX}
+# the tiles of the amx layout (module docs)
+_TILE = 16
 
 
 class UnsupportedLayoutError(SpeckvError):
@@ -46,32 +61,70 @@ class PagedLayout:
 
     @classmethod
     def detect(
-        cls, buffer: torch.Tensor, *, platform: str, block_size: int, kv_heads: int, head_dim: int
+        cls,
+        buffer: torch.Tensor,
+        *,
+        platform: str,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        isa: str = "vec",
     ) -> PagedLayout:
         """The layout of ``buffer`` (one layer's paged cache) on ``platform`` ("cpu", "cuda",
-        ...), given the engine's block size and the model's heads; ``UnsupportedLayoutError``
-        for any layout not listed in the module docs."""
+        ...) whose attention kernels are ``isa`` (vLLM's CPU backend: ``layer.isa``), given the
+        engine's block size and the model's heads; ``UnsupportedLayoutError`` for any layout not
+        listed in the module docs."""
         shape = tuple(buffer.shape)
-        if platform == CPU and len(shape) == 4 and shape[1:] == (kv_heads, block_size, 2 * head_dim):
-            return cls(CPU, block_size, kv_heads, head_dim)
-        raise UnsupportedLayoutError(
-            f"paged KV buffer of shape {list(shape)} ({buffer.dtype}) on {platform!r}: speckv reads vLLM's CPU layout "
-            f"[num_blocks, {kv_heads} kv_heads, {block_size} block_size, {2 * head_dim} = 2 x head_dim] only"
-        )
+        if platform != CPU or len(shape) != 4 or shape[1:] != (kv_heads, block_size, 2 * head_dim):
+            raise UnsupportedLayoutError(
+                f"paged KV buffer of shape {list(shape)} ({buffer.dtype}) on {platform!r}: speckv reads vLLM's CPU "
+                f"layout [num_blocks, {kv_heads} kv_heads, {block_size} block_size, {2 * head_dim} = 2 x head_dim] only"
+            )
+        kind = CPU_ISAS.get(isa)
+        if kind is None:
+            raise UnsupportedLayoutError(
+                f"vLLM CPU attention ISA {isa!r}: speckv reads the blocks of {sorted(CPU_ISAS)} only "
+                "(another kernel lays a block out otherwise)"
+            )
+        if kind == CPU_AMX and (buffer.element_size() != 2 or block_size % _TILE or head_dim % _TILE or head_dim % 2):
+            raise UnsupportedLayoutError(
+                f"vLLM CPU attention ISA 'amx' with {buffer.dtype} blocks of {block_size} tokens x {head_dim}: "
+                "speckv reads amx blocks of 16-bit caches, block size and head size multiples of 16"
+            )
+        return cls(kind, block_size, kv_heads, head_dim)
 
     def read(self, buffer: torch.Tensor, block_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks ``block_ids`` of ``buffer`` as ``(K, V)``, each ``[1, kv_heads, len(block_ids) *
         block_size, head_dim]``, in the buffer's dtype (copies)."""
-        b, d = self.block_size, self.head_dim
+        k, v = self.split(self.copy_blocks(buffer, block_ids).numpy())
+        return torch.from_numpy(k).view(buffer.dtype), torch.from_numpy(v).view(buffer.dtype)
+
+    def copy_blocks(self, buffer: torch.Tensor, block_ids: Sequence[int]) -> torch.Tensor:
+        """Blocks ``block_ids`` of ``buffer`` copied out as they lie, their bits as integers
+        (``[n, kv_heads, block_size, 2 * head_dim]``): the one copy an engine's step pays to
+        store them; ``split`` turns it into ``(K, V)`` later, on another thread."""
         ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-        blocks = _bits(buffer).index_select(0, ids).view(buffer.dtype)  # [n, H, B, 2D]
+        return _bits(buffer).index_select(0, ids)
+
+    def split(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``copy_blocks``' output (as numpy) as ``(K, V)`` ``[1, kv_heads, n * block_size,
+        head_dim]`` C-contiguous arrays of the same integers (numpy alone: no torch thread pool
+        on the saver's thread)."""
+        b, d = self.block_size, self.head_dim
         n, h = blocks.shape[0], blocks.shape[1]
         flat = blocks.reshape(n, h, 2 * b * d)
-        k = flat[:, :, : d * b].reshape(n, h, d, b).transpose(2, 3)  # [n, H, B, D]
-        v = flat[:, :, d * b :].reshape(n, h, b, d)
+        if self.kind == CPU_AMX:
+            t = _TILE
+            # K [B/16][D/2][16][2] -> [B/16][16][D/2][2]; V [D/16][B/2][16][2] -> [B/2][2][D/16][16]
+            k = flat[:, :, : d * b].reshape(n, h, b // t, d // 2, t, 2).transpose(0, 1, 2, 4, 3, 5)
+            v = flat[:, :, d * b :].reshape(n, h, d // t, b // 2, t, 2).transpose(0, 1, 3, 5, 2, 4)
+            k, v = k.reshape(n, h, b, d), v.reshape(n, h, b, d)
+        else:
+            k = flat[:, :, : d * b].reshape(n, h, d, b).transpose(0, 1, 3, 2)  # [n, H, B, D]
+            v = flat[:, :, d * b :].reshape(n, h, b, d)
 
-        def tokens(t: torch.Tensor) -> torch.Tensor:  # [n, H, B, D] -> [1, H, n * B, D]
-            return t.permute(1, 0, 2, 3).reshape(1, h, n * b, d).contiguous()
+        def tokens(x: np.ndarray) -> np.ndarray:  # [n, H, B, D] -> [1, H, n * B, D]
+            return np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(1, h, n * b, d)
 
         return tokens(k), tokens(v)
 
@@ -80,19 +133,23 @@ class PagedLayout:
         buffer's dtype) into blocks ``block_ids`` of ``buffer``."""
         b, d = self.block_size, self.head_dim
         n, h = len(block_ids), self.kv_heads
-        for name, t in (("K", k), ("V", v)):
-            if tuple(t.shape) != (1, h, n * b, d) or t.dtype != buffer.dtype:
+        for name, x in (("K", k), ("V", v)):
+            if tuple(x.shape) != (1, h, n * b, d) or x.dtype != buffer.dtype:
                 raise ValueError(
-                    f"{name}: expected [1, {h}, {n * b}, {d}] {buffer.dtype}, got {list(t.shape)} {t.dtype}"
+                    f"{name}: expected [1, {h}, {n * b}, {d}] {buffer.dtype}, got {list(x.shape)} {x.dtype}"
                 )
 
-        def blocks(t: torch.Tensor) -> torch.Tensor:  # [1, H, n * B, D] -> [n, H, B, D]
-            return t.reshape(h, n, b, d).permute(1, 0, 2, 3)
+        def blocks(x: torch.Tensor) -> torch.Tensor:  # [1, H, n * B, D] -> [n, H, B, D]
+            return x.reshape(h, n, b, d).permute(1, 0, 2, 3)
 
-        kt = _bits(blocks(k).transpose(2, 3).reshape(n, h, d * b))
-        vt = _bits(blocks(v).reshape(n, h, b * d))
-        data = torch.cat([kt, vt], dim=2).reshape(n, h, b, 2 * d)
-        _bits(buffer).index_copy_(0, torch.as_tensor(list(block_ids), dtype=torch.long), data)
+        if self.kind == CPU_AMX:
+            t = _TILE
+            kt = blocks(k).reshape(n, h, b // t, t, d // 2, 2).permute(0, 1, 2, 4, 3, 5)
+            vt = blocks(v).reshape(n, h, b // 2, 2, d // t, t).permute(0, 1, 4, 2, 5, 3)
+        else:
+            kt, vt = blocks(k).transpose(2, 3), blocks(v)
+        data = torch.cat([_bits(kt.reshape(n, h, d * b)), _bits(vt.reshape(n, h, b * d))], dim=2)
+        _bits(buffer).index_copy_(0, torch.as_tensor(list(block_ids), dtype=torch.long), data.reshape(n, h, b, 2 * d))
 
 
 _INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -104,4 +161,4 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INTEGERS[t.element_size()])
 
 
-__all__ = ["CPU", "PagedLayout", "UnsupportedLayoutError"]
+__all__ = ["CPU", "CPU_AMX", "CPU_ISAS", "PagedLayout", "UnsupportedLayoutError"]

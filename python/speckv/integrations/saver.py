@@ -6,13 +6,21 @@ thread codes and stores them in order. The queue between the two is bounded (``d
 saves, each holding its blocks' copies): when it is full, ``submit`` drops the save and counts
 it, so a slow store or codec costs later misses, never a stalled step. ``drain`` waits for
 what is queued (an engine shutting down), ``close`` then stops the thread.
+
+The thread runs at a low priority (``nice``, default 19; Linux keeps a nice value per
+thread, and threads it starts inherit it): an engine's step runs its matrix work on every core
+in a team of threads that waits for its slowest member, so a saver that takes a core from one
+of them stalls them all; at nice 19 it gets the cores the engine leaves idle, and a little
+more when the queue stays full.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,14 +34,18 @@ class BackgroundSaver:
     at most ``depth`` saves (module docs). ``save`` returns the tokens it stored; an exception
     it raises is counted (``failed``) and logged once, never raised to the submitter."""
 
-    def __init__(self, save: Callable[..., int], *, depth: int = 8, name: str = "speckv-saver") -> None:
+    def __init__(
+        self, save: Callable[..., int], *, depth: int = 8, name: str = "speckv-saver", nice: int | None = 19
+    ) -> None:
         if depth < 1:
             raise ValueError(f"depth: must be at least 1, got {depth}")
         self._save = save
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._lock = threading.Lock()
         self._counters = {"submitted": 0, "dropped": 0, "saved": 0, "tokens_saved": 0, "failed": 0}
+        self._busy_s = 0.0
         self._logged = False
+        self._nice = nice
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -52,8 +64,14 @@ class BackgroundSaver:
         return False
 
     def _run(self) -> None:
+        if self._nice is not None and hasattr(os, "setpriority"):
+            try:  # this thread only (Linux: a thread id names the thread)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
+            except OSError:
+                pass
         while True:
             item = self._queue.get()
+            start = time.perf_counter()
             try:
                 if item is _STOP:
                     return
@@ -68,6 +86,8 @@ class BackgroundSaver:
                     self._logged = True
                     log.warning("speckv: a background save failed (logged once): %s", e)
             finally:
+                with self._lock:
+                    self._busy_s += time.perf_counter() - start
                 self._queue.task_done()
 
     def pending(self) -> int:
@@ -97,10 +117,11 @@ class BackgroundSaver:
             self._thread.join(timeout_s if drained else 0)
         return drained
 
-    def counters(self) -> dict[str, int]:
-        """``submitted``, ``dropped`` (queue full), ``saved``, ``tokens_saved``, ``failed``."""
+    def counters(self) -> dict[str, Any]:
+        """``submitted``, ``dropped`` (queue full), ``saved``, ``tokens_saved``, ``failed``, and
+        ``busy_s`` (seconds spent saving)."""
         with self._lock:
-            return dict(self._counters)
+            return {**self._counters, "busy_s": round(self._busy_s, 4)}
 
 
 __all__ = ["BackgroundSaver"]

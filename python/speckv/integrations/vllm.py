@@ -37,10 +37,12 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
   codes and stores them (``BackgroundSaver``): a full queue drops the save (counted), never
   stalls the step. ``0``: store inside the step, as a synchronous connector;
 - ``save_threads``: the codec threads of a background save (default 1: the engine keeps the
-  other cores);
+  other cores); ``save_nice``: the saver thread's nice value (default 19: it takes the cores
+  the engine leaves idle; None keeps the engine's);
 - ``stats_file``: a JSON file the worker writes its counters to when it shuts down (and the
   scheduler its own next to it, ``.scheduler.json``): hits, misses, tokens served, bytes,
-  evictions, saves dropped, faults;
+  evictions, saves dropped, faults, and the seconds the step spent loading and copying
+  blocks out (``load_s``, ``save_copy_s``; the saver's own in ``saver.busy_s``);
 - ``load_failure``: ``"recompute"`` (default) or ``"fail"``.
 
 Faults never reach the engine: a store that fails, an entry that is damaged, foreign,
@@ -50,8 +52,9 @@ to ``"recompute"`` unless ``load_failure`` is ``"fail"``. The scheduler matches 
 against the tier's index (``has``: no entry read); an entry damaged or evicted since is found
 when the worker loads it, and those blocks are computed.
 
-Layouts: vLLM's CPU attention backend (``speckv.integrations.paged``); any other paged layout
-is refused at start-up (``UnsupportedLayoutError``, naming it). Cache dtypes: the model's
+Layouts: vLLM's CPU attention backend, with its ``vec`` and ``amx`` kernels' block layouts
+(``speckv.integrations.paged``); any other paged layout or kernel is refused at start-up
+(``UnsupportedLayoutError``, naming it). Cache dtypes: the model's
 bf16 / fp16, and ``fp8`` / ``fp8_e4m3`` with the calibration's fp8 scales (``fp8_e5m2`` is
 refused). Models with several KV cache groups (sliding-window layers) are refused.
 """
@@ -62,6 +65,7 @@ import atexit
 import json
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,12 +198,15 @@ class SpeckvConnector(KVConnectorBase_V1):
             saving = store(threads=int(extra.get("save_threads", 1)))
             saving.backend = saving.prefix.backend = self.store.backend
             self._saving_store: EngineStore | None = saving
-            self._saver = BackgroundSaver(self._save_now, depth=queue_depth)
+            nice = extra.get("save_nice", 19)
+            self._saver = BackgroundSaver(self._save_now, depth=queue_depth, nice=None if nice is None else int(nice))
         else:
             self._saving_store = None
         self._stats_file = extra.get("stats_file")
         # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
         self._loads: list[list[Any]] = []
+        # time inside the engine's step: loading (decode and write), copying blocks out to store
+        self._seconds = {"load_s": 0.0, "save_copy_s": 0.0}
         self._counters = {"matches": 0, "tokens_matched": 0, "tokens_loaded": 0, "blocks_failed": 0}
         specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
         if MEMORY in specs and role == KVConnectorRole.SCHEDULER:
@@ -220,7 +227,8 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._caches: dict[int, torch.Tensor] = {}
         self._names: dict[str, int] = {}
         self._layout: PagedLayout | None = None
-        self._captured: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # per request, per layer: its blocks copied out of vLLM's buffer (PagedLayout.copy_blocks)
+        self._captured: dict[str, dict[int, torch.Tensor]] = {}
         self._load_errors: set[int] = set()
         self._unusable: str | None = None
         self._scales_checked = False
@@ -294,15 +302,17 @@ class SpeckvConnector(KVConnectorBase_V1):
         from vllm.platforms import current_platform
 
         n_layers, heads, dim = self.store.kv_spec
+        platform = str(current_platform.device_type)
         for order, (name, buffer) in enumerate(kv_caches.items()):
             found = _LAYER.search(name)
             layer = int(found.group(1)) if found else order
             layout = PagedLayout.detect(
                 buffer,
-                platform=str(current_platform.device_type),
+                platform=platform,
                 block_size=self._block_size,
                 kv_heads=heads,
                 head_dim=dim,
+                isa=self._attention_isa(name, dim) if platform == "cpu" else "",
             )
             self._layout = self._layout or layout
             self._caches[layer] = buffer
@@ -312,6 +322,23 @@ class SpeckvConnector(KVConnectorBase_V1):
                 f"SpeckvConnector: vLLM registered KV caches of layers {sorted(self._caches)}, "
                 f"the model has {n_layers} layers"
             )
+
+    def _attention_isa(self, layer_name: str, head_dim: int) -> str:
+        """The kernel ("ISA") vLLM's CPU attention runs ``layer_name`` with: it decides how a
+        block is laid out (``speckv.integrations.paged``). Read off the layer, where vLLM's
+        metadata builder set it, else asked of vLLM as that builder asks."""
+        attn = self._vllm_config.compilation_config.static_forward_context.get(layer_name)
+        isa = getattr(attn, "isa", None)
+        if isa is None:
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+            isa = _get_attn_isa(
+                self._vllm_config.model_config.dtype,
+                self._block_size,
+                head_dim,
+                self._vllm_config.cache_config.cache_dtype,
+            )
+        return str(isa)
 
     def _view(self, buffer: torch.Tensor) -> torch.Tensor:
         """The buffer in the cache's own dtype (vLLM's fp8 buffers are uint8)."""
@@ -343,6 +370,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, SpeckvConnectorMetadata)
         b = self._block_size
+        start = time.perf_counter()
         for load in meta.loads:
             served = load.first
             if self._usable() and load.token_ids and self._layout is not None:
@@ -372,6 +400,8 @@ class SpeckvConnector(KVConnectorBase_V1):
                     "(a damaged, foreign or vanished entry, or a decode refused)",
                 )
                 self._load_errors.update(failed)
+        if meta.loads:
+            self._seconds["load_s"] += time.perf_counter() - start
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv decodes every layer before the forward pass
@@ -382,13 +412,15 @@ class SpeckvConnector(KVConnectorBase_V1):
         if not meta.saves or self._layout is None or layer_name not in self._names:
             return
         layer = self._names[layer_name]
+        start = time.perf_counter()
         for save in meta.saves:
             try:
-                pair = self._layout.read(self._view(kv_layer), save.block_ids)
+                blocks = self._layout.copy_blocks(self._view(kv_layer), save.block_ids)
             except Exception as e:
                 self.store.fault(f"read:{type(e).__name__}", f"reading blocks to store failed: {e}")
                 continue
-            self._captured.setdefault(save.req_id, {})[layer] = pair
+            self._captured.setdefault(save.req_id, {})[layer] = blocks
+        self._seconds["save_copy_s"] += time.perf_counter() - start
 
     def wait_for_save(self) -> None:
         if not self._captured:
@@ -402,16 +434,21 @@ class SpeckvConnector(KVConnectorBase_V1):
             layers = captured.get(save.req_id, {})
             if sorted(layers) != sorted(self._caches):
                 continue  # a layer could not be read: nothing stored, a later miss
-            kv = [layers[i] for i in sorted(layers)]
+            blocks = [layers[i] for i in sorted(layers)]
             if self._saver is not None:
-                self._saver.submit(save.token_ids, kv)
+                self._saver.submit(save.token_ids, blocks)
             else:
-                self.store.save(save.token_ids, kv)
+                self._save_now(save.token_ids, blocks, self.store)
 
-    def _save_now(self, token_ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        """One background save (the saver's thread)."""
-        assert self._saving_store is not None
-        return self._saving_store.save(token_ids, kv)
+    def _save_now(self, token_ids: list[int], blocks: list[torch.Tensor], store: EngineStore | None = None) -> int:
+        """Stores one request's blocks (per layer, as ``copy_blocks`` copied them): on the
+        saver's thread unless the queue is off. The layout is undone with numpy alone: torch's
+        thread pool is the engine's, and a second thread entering it contends for the cores."""
+        assert self._layout is not None
+        store = store or self._saving_store
+        assert store is not None
+        kv = [self._layout.split(b.numpy()) for b in blocks]
+        return store.save(token_ids, kv)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -434,6 +471,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         misses, holes, declined, corrupt entries, store errors; blocks, bytes, evictions)."""
         out: dict[str, Any] = {"role": "worker" if self._worker else "scheduler"}
         out.update(self._counters)
+        out.update({k: round(v, 4) for k, v in self._seconds.items()})
         tier = self.store.prefix.stats_counters()
         if self._saving_store is not None:
             for k, v in self._saving_store.prefix.stats_counters().items():
