@@ -225,7 +225,15 @@ def main() -> None:
     )
     p.add_argument("--cache", default=str(Path.home() / ".cache/speckv-vllm"))
     p.add_argument("--json", help="write the results here (and the plot next to it)")
+    p.add_argument("--replot", metavar="LOG", help="tables, JSON and plot again from a run's printed rows")
     args = p.parse_args()
+    if args.replot:
+        report = _from_log(Path(args.replot))
+        _print_tables(report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+            _plot(report, Path(args.json).with_suffix(".png"))
+        return
     codecs = args.codecs.split(",")
     if unknown := set(codecs) - set(CODECS):
         raise SystemExit(f"--codecs: unknown {sorted(unknown)}; expected some of {CODECS}")
@@ -299,6 +307,36 @@ def main() -> None:
         _plot(report, out.with_suffix(".png"))
 
 
+def _from_log(path: Path) -> dict[str, Any]:
+    """A report rebuilt from the JSON rows a run printed (a run whose end was cut short)."""
+    lines = path.read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("CPU:")), "unknown")
+    report: dict[str, Any] = {"cpu": cpu, "date": time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))}
+    models: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        m = models.setdefault(row.pop("model"), {"rows": [], "all_miss": []})
+        if row.get("codec") == "no connector":
+            m["no_connector"] = row
+        elif row.pop("all_miss", False):
+            m["all_miss"].append(row)
+        else:
+            row.setdefault("outputs_checked", 0)
+            row.setdefault("outputs_equal", 0)
+            m["rows"].append(row)
+    for line in lines:
+        if ": working set " in line and " MB raw (" in line:
+            name, rest = line.split(": working set ", 1)
+            if name in models:
+                models[name]["working_set_bytes"] = float(rest.split(" MB")[0]) * 1e6
+    report["models"] = [{"model": name, **m} for name, m in models.items()]
+    for m in report["models"]:
+        _ratios(m)
+    return report
+
+
 def _ratios(model: dict[str, Any]) -> None:
     """Each row against the raw tier's row at the same budget, and against no connector."""
     raw = {r["budget"]: r for r in model["rows"] if r["codec"] == "raw"}
@@ -341,7 +379,7 @@ def _print_tables(report: dict[str, Any]) -> None:
             for r in m["all_miss"]:
                 print(
                     f"| `{r['codec']}` | {r['wall_s']:.1f} s | {r['wall_over_no_connector']:.3f}x "
-                    f"| {r['bytes_stored'] / 1e6:.1f} | {r['saves_dropped']} |"
+                    f"| {r.get('bytes_stored', 0) / 1e6:.1f} | {r.get('saves_dropped', 'n/a')} |"
                 )
 
 

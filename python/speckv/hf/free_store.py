@@ -37,7 +37,9 @@ from .._speckv import CorruptStreamError
 from ..store import Backend, StoreError, unpack_entry
 from .block_chain import BlockChain, prompt_ids
 
-STORE_FORMAT = 1
+# 2: blocks written by vLLM's connector before it read vLLM's amx layout (2026-12-02) held
+# scrambled caches on AMX processors; a new namespace so that none of them is ever served
+STORE_FORMAT = 2
 KEY_BYTES = 16
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 CODINGS = ("fast", "raw")

@@ -53,7 +53,8 @@ class PrefixStore(BlockChain):
     >>> store.put(input_ids, cache)        # tokens newly stored      # doctest: +SKIP
     >>> cache, n = store.get(input_ids)    # the longest stored prefix # doctest: +SKIP
 
-    Only whole blocks are stored; the tokens after the last whole block are not.
+    Only whole blocks are stored; the tokens after the last whole block are not. ``scope``
+    adds to the namespace (an engine's connector sets it: see ``EngineStore``).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class PrefixStore(BlockChain):
         block_size: int = DEFAULT_BLOCK_SIZE,
         dtype: str = "bf16",
         threads: int | None = None,
+        scope: str | None = None,
     ) -> None:
         if not isinstance(codec.predictor, (ModelPrefixPredictor, ChannelStatsPredictor)):
             raise TypeError(
@@ -80,6 +82,8 @@ class PrefixStore(BlockChain):
             "dtype": dtype,
             "block_size": int(block_size),
         }
+        if scope is not None:  # a writer's own namespace (an engine connector's: EngineStore)
+            identity["scope"] = scope
         super().__init__(backend, block_size, identity)
         self.codec = codec
         # the model's prefix walks the blocks in order, carrying its state; per-channel

@@ -42,6 +42,10 @@ log = logging.getLogger("speckv.engine")
 HOSTED_PREDICTORS = ("model-prefix", "channel-stats")
 # what the engine stores its cache as -> the codec's storage dtype
 CACHE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}
+# the predicted store's namespace for engines: "2" since the connector reads vLLM's amx block
+# layout (2026-12-02; before, blocks stored on AMX processors held scrambled caches, never to
+# be served)
+ENGINE_SCOPE = "engine-2"
 # the store spec of the host-RAM tier (``open_backend``)
 MEMORY = "memory"
 # how blocks are coded without a calibration: the predictor-free fast lane, or not at all
@@ -165,7 +169,7 @@ class EngineStore:
         )
         self.backend = backend
         self.prefix: PrefixStore | FreePrefixStore = PrefixStore(
-            self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads
+            self.codec, self.backend, block_size=self.block_size, dtype=self.dtype, threads=threads, scope=ENGINE_SCOPE
         )
         self.fp8_scales: torch.Tensor | None = cal.fp8_scales.clone()
         heads, dim = int(cal.sigma.shape[2]), int(cal.sigma.shape[3])

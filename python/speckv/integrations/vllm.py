@@ -185,7 +185,7 @@ class SpeckvConnector(KVConnectorBase_V1):
                 weights=worker,
                 joint=extra.get("joint"),
                 threads=threads,
-                coding=_FREE.get(predictor, "fast"),
+                coding=_FREE[predictor] if predictor is not None else "fast",
                 max_bytes=extra.get("max_bytes"),
                 name=name,
             )
@@ -472,7 +472,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         out: dict[str, Any] = {"role": "worker" if self._worker else "scheduler"}
         out.update(self._counters)
         out.update({k: round(v, 4) for k, v in self._seconds.items()})
-        tier = self.store.prefix.stats_counters()
+        tier: dict[str, Any] = dict(self.store.prefix.stats_counters())
         if self._saving_store is not None:
             for k, v in self._saving_store.prefix.stats_counters().items():
                 tier[k] = tier.get(k, 0) + v
