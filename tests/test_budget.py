@@ -223,12 +223,9 @@ def test_the_memory_backend_keeps_the_same_order():
 @pytest.fixture
 def small_redis(tmp_path):
     """A redis-server whose budget is its own: ``maxmemory`` 2 MB, ``allkeys-lru``."""
-    pytest.importorskip("redis", reason="the redis client package is not installed")
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    from test_store import _free_port, _start_redis
+    from test_store import _free_port, _start_redis, redis_server
 
+    server = redis_server()
     port = _free_port()
     proc = _start_redis(server, port, tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
     yield f"redis://127.0.0.1:{port}/0"

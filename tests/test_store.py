@@ -216,12 +216,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
+def redis_server() -> str:
+    """The redis-server program and the client package, or the test skips saying which is
+    missing."""
     pytest.importorskip("redis", reason="the redis client package is not installed")
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    return server
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    server = redis_server()
     port = _free_port()
     proc = _start_redis(server, port, tmp_path_factory.mktemp("redis"))
     yield f"redis://127.0.0.1:{port}/0"
@@ -253,10 +260,7 @@ def test_a_redis_server_killed_and_restarted_mid_chain(tmp_path):
     """The server dies after two of a chain's entries: every call then raises StoreError (never
     a wrong or partial answer); restarted empty (no persistence), the lost entries are absent,
     not wrong, and the chain is stored again."""
-    pytest.importorskip("redis", reason="the redis client package is not installed")
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    server = redis_server()
     port = _free_port()
     proc = _start_redis(server, port, tmp_path)
     try:
