@@ -22,8 +22,9 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
 
 ``kv_connector_extra_config``:
 
-- ``store``: ``"memory"`` (host RAM: a folder on ``/dev/shm`` that every process of this
-  engine shares, removed when the engine exits), a folder, or ``redis://HOST:PORT/DB``; or a
+- ``store``: ``"memory"`` (host RAM: a folder ``/dev/shm/speckv-ENGINE_ID`` that every
+  process of this engine shares, removed when the engine shuts down; an engine killed outright
+  leaves it behind, to be removed by hand), a folder, or ``redis://HOST:PORT/DB``; or a
   list of them, upper first (``["memory", "/var/kv"]``: RAM over disk, written through to
   both, a lower tier's hit promoted; ``speckv.tiered``);
 - ``max_bytes``: the tier's budget in bytes (memory and folders; a list for a list of tiers):
@@ -209,8 +210,9 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._seconds = {"load_s": 0.0, "save_copy_s": 0.0}
         self._counters = {"matches": 0, "tokens_matched": 0, "tokens_loaded": 0, "blocks_failed": 0}
         specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
-        if MEMORY in specs and role == KVConnectorRole.SCHEDULER:
-            atexit.register(shutil.rmtree, memory_tier_path(name), True)
+        self._memory_tier = memory_tier_path(name) if MEMORY in specs else None
+        if self._memory_tier is not None and role == KVConnectorRole.SCHEDULER:
+            atexit.register(shutil.rmtree, self._memory_tier, True)
         if role == KVConnectorRole.SCHEDULER and self._stats_file:
             atexit.register(self._write_stats)
         if role == KVConnectorRole.SCHEDULER and extra.get("load_failure", "recompute") == "recompute":
@@ -461,6 +463,8 @@ class SpeckvConnector(KVConnectorBase_V1):
             if not self._saver.close(SHUTDOWN_DRAIN_S):
                 logger.warning("speckv: %d saves were still queued at shutdown (not stored)", self._saver.pending())
         self._write_stats()
+        if self._memory_tier is not None:  # the engine is going: so is its RAM tier (the
+            shutil.rmtree(self._memory_tier, ignore_errors=True)  # scheduler's atexit may not run)
 
     # ==============================
     # Both sides
