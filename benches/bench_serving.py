@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import random
 import statistics
@@ -58,7 +57,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
-from bench_vllm import _calibration, _folder  # noqa: E402
+from bench_vllm import _calibration, _folder, add_engine_options  # noqa: E402
 from vllm_driver import Engine  # noqa: E402
 
 CODECS = ("raw", "none", "stats", "map")
@@ -218,12 +217,7 @@ def main() -> None:
     p.add_argument("--save-queue", type=int, default=None, help="the connector's save_queue (default: its own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text", help="documents' text (default: the bundled held-out text)")
-    p.add_argument("--models-dir", default=str(Path.home() / ".cache/speckv-models"))
-    p.add_argument(
-        "--vllm-python",
-        default=os.environ.get("SPECKV_VLLM_PYTHON", str(Path.home() / ".cache/speckv-vllm-venv/bin/python")),
-    )
-    p.add_argument("--cache", default=str(Path.home() / ".cache/speckv-vllm"))
+    add_engine_options(p)
     p.add_argument("--json", help="write the results here (and the plot next to it)")
     p.add_argument("--replot", metavar="LOG", help="tables, JSON and plot again from a run's printed rows")
     args = p.parse_args()

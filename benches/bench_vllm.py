@@ -74,17 +74,23 @@ def _bytes(folder: Path, pattern: str) -> tuple[int, int]:
     return sum(f.stat().st_size for f in files), len(files)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="demo,qwen")
-    p.add_argument("--predictors", default="map,stats")
-    p.add_argument("--prompts", type=int, default=20)
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The options every vLLM benchmark shares: where models, the vLLM virtualenv and the
+    exported folders and calibrations are."""
     p.add_argument("--models-dir", default=str(Path.home() / ".cache/speckv-models"))
     p.add_argument(
         "--vllm-python",
         default=os.environ.get("SPECKV_VLLM_PYTHON", str(Path.home() / ".cache/speckv-vllm-venv/bin/python")),
     )
     p.add_argument("--cache", default=str(Path.home() / ".cache/speckv-vllm"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="demo,qwen")
+    p.add_argument("--predictors", default="map,stats")
+    p.add_argument("--prompts", type=int, default=20)
+    add_engine_options(p)
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
     cache = Path(args.cache)

@@ -176,18 +176,18 @@ class SpeckvConnector(KVConnectorBase_V1):
         name = str(self._kv_transfer_config.engine_id or "default")
         worker = self._worker = role == KVConnectorRole.WORKER
 
-        def store(threads: int | None = None) -> EngineStore:
+        def store(backend: Any = None, threads: int | None = None) -> EngineStore:
             return EngineStore(
                 vllm_config.model_config.model,
                 None if free else extra["calibration"],
-                extra["store"],
+                extra["store"] if backend is None else backend,
                 block_size=self._block_size,
                 cache_dtype=self._dtype,
                 weights=worker,
                 joint=extra.get("joint"),
                 threads=threads,
                 coding=_FREE[predictor] if predictor is not None else "fast",
-                max_bytes=extra.get("max_bytes"),
+                max_bytes=extra.get("max_bytes") if backend is None else None,
                 name=name,
             )
 
@@ -196,8 +196,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         # same backend: loads never wait for a save's codec
         self._saver: BackgroundSaver | None = None
         if worker and queue_depth:
-            saving = store(threads=int(extra.get("save_threads", 1)))
-            saving.backend = saving.prefix.backend = self.store.backend
+            saving = store(self.store.backend, threads=int(extra.get("save_threads", 1)))
             self._saving_store: EngineStore | None = saving
             nice = extra.get("save_nice", 19)
             self._saver = BackgroundSaver(self._save_now, depth=queue_depth, nice=None if nice is None else int(nice))
@@ -476,15 +475,14 @@ class SpeckvConnector(KVConnectorBase_V1):
         out: dict[str, Any] = {"role": "worker" if self._worker else "scheduler"}
         out.update(self._counters)
         out.update({k: round(v, 4) for k, v in self._seconds.items()})
-        tier: dict[str, Any] = dict(self.store.prefix.stats_counters())
+        tier: dict[str, Any]
+        try:
+            tier = dict(self.store.prefix.stats())
+        except Exception as e:  # the counters still count when the store is gone
+            tier = {**self.store.prefix.stats_counters(), "stats_error": str(e)}
         if self._saving_store is not None:
             for k, v in self._saving_store.prefix.stats_counters().items():
-                tier[k] = tier.get(k, 0) + v
-        try:
-            tier.update(blocks=len(self.store.backend.keys()), bytes=self.store.backend.nbytes())
-        except Exception as e:  # the counters still count when the store is gone
-            tier["stats_error"] = str(e)
-        tier["evictions"] = int(getattr(self.store.backend, "evictions", 0))
+                tier[k] += v
         out["tier"] = tier
         tiers = getattr(self.store.backend, "tier_stats", None)
         if tiers is not None:
