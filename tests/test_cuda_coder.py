@@ -141,6 +141,36 @@ def test_host_build_codes_from_any_thread(host_gpu):
         assert list(pool.map(lambda _: _host_encode(x, mu, codes, 1024), range(3))) == [want] * 3
 
 
+def test_host_build_tables_are_built_once_across_threads(host_gpu, monkeypatch):
+    """The exact model's tables are built once per module and never replaced: the kernel
+    argument holds bare pointers to them, so a thread's copy replacing another's would free
+    tables that a kernel launched by the other thread still reads (CI saw wrong bytes from
+    threads that coded at once before this held)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    real, calls = speckv.hf.cuda.exact_tables, []
+
+    def slow(name, *pointers):  # widens the window in which a second thread would build its own
+        calls.append(name)
+        time.sleep(0.05)
+        return real(name, *pointers)
+
+    monkeypatch.setattr(speckv.hf.cuda, "exact_tables", slow)
+    start = threading.Barrier(4)
+
+    def build(_):
+        start.wait()
+        raw, sigmas, values = speckv.hf.cuda._device_tables(host_gpu, "bfloat16", "cpu")
+        return raw.tobytes(), sigmas.data_ptr(), values.data_ptr()
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(build, range(4)))
+    assert calls == ["bfloat16"]
+    assert len(set(got)) == 1
+
+
 def _joint_case(name: str, layers: int, channels: int, tokens: int, outside: int, seed: int):
     """A channel-major stream of whole layers with a joint model: lower-triangular
     coefficients with exact zeros, one layer all zero (coded plainly, J2), outside residuals,

@@ -436,14 +436,19 @@ def _device_tables(module: _Module, dtype_name: str, device: Any) -> tuple[np.nd
     (for the joint model)."""
     import torch
 
-    if dtype_name not in module.tables:
-        t = _speckv.exact_tables(dtype_name)
-        # uint32 nodes travel as int32: the kernels read the same bytes
-        host = (t["nodes"].view(np.int32), t["edges"], t["sigmas"], t["values"])
-        arrays = [torch.from_numpy(a).to(device) for a in host]
-        struct = exact_tables(dtype_name, *(a.data_ptr() for a in arrays[:3]))
-        module.tables[dtype_name] = (_as_struct(struct), arrays)
-    raw, arrays = module.tables[dtype_name]
+    # Built once under the lock and never replaced: the struct holds bare pointers to the
+    # arrays, so a second thread's copy replacing the first would free tables that a kernel
+    # launched by the first thread still reads (seen as wrong bytes from threads that coded
+    # at once).
+    with _LOCK:
+        if dtype_name not in module.tables:
+            t = _speckv.exact_tables(dtype_name)
+            # uint32 nodes travel as int32: the kernels read the same bytes
+            host = (t["nodes"].view(np.int32), t["edges"], t["sigmas"], t["values"])
+            arrays = [torch.from_numpy(a).to(device) for a in host]
+            struct = exact_tables(dtype_name, *(a.data_ptr() for a in arrays[:3]))
+            module.tables[dtype_name] = (_as_struct(struct), arrays)
+        raw, arrays = module.tables[dtype_name]
     return raw, arrays[2], arrays[3]
 
 
