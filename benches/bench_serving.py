@@ -10,7 +10,9 @@ vLLM's processes, budget ``max_bytes``, least recently used prefix tails evicted
 ``raw`` (blocks uncompressed: the baseline), ``none`` (the predictor-free fast lane),
 ``stats`` and ``map`` (the two predictors an engine hosts, calibrated on the bundled
 calibration text). Budgets are fractions of the workload's raw working set (the raw KV bytes
-of its distinct whole blocks: each document once, or each user's whole conversation).
+of its distinct whole blocks: each document once, or each user's whole conversation; with
+room for the raw tier's 64 bytes of headers per block, so that at 1.0 it evicts nothing).
+``--connector JSON``: more of the connector's config for every run (``load_by_layer``, ...).
 
 Workloads (each request alone, greedy, ``--max-tokens`` tokens; TTFT is the time from
 submitting a request to its first token):
@@ -62,6 +64,11 @@ from vllm_driver import Engine  # noqa: E402
 
 CODECS = ("raw", "none", "stats", "map")
 FREE = {"raw", "none"}
+# what a raw tier stores per block beyond its scalars (entry header, key, raw header: see
+# speckv.store and speckv.hf.free_store), counted at the smallest block vLLM uses (16
+# tokens), so that budget 1.0 holds the raw working set whole at any block size
+RAW_ENTRY_OVERHEAD = 24 + 16 + 24
+SMALLEST_BLOCK = 16
 
 
 def cpu_model() -> str:
@@ -112,7 +119,11 @@ def _ttft(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return statistics.fmean(times), p90
 
 
-def summarize(result: dict[str, Any], warmup: int, reference: dict[str, Any] | None) -> dict[str, Any]:
+def summarize(
+    result: dict[str, Any], warmup: int, reference: dict[str, Any] | None, full_hit: bool = False
+) -> dict[str, Any]:
+    """One run's row; ``full_hit``: with the TTFT of the requests served their whole document
+    (as many tokens as the most any request was served: documents are all one length)."""
     rows = result["requests"]
     prompt_tokens = sum(r["prompt_tokens"] for r in rows)
     mean, p90 = _ttft(rows)
@@ -145,7 +156,24 @@ def summarize(result: dict[str, Any], warmup: int, reference: dict[str, Any] | N
             load_s=stats.get("load_s"),
             save_copy_s=stats.get("save_copy_s"),
             saver_busy_s=stats.get("saver", {}).get("busy_s"),
+            layer_wait_s=stats.get("layer_wait_s"),
+            loader_busy_s=stats.get("loader_busy_s"),
         )
+        if full_hit and reference is not None:
+            # requests the tier served a whole document: their TTFT against the same
+            # requests computed by no connector (its prefill)
+            most = max(result["served"], default=0)
+            hits = [i for i, n in enumerate(result["served"]) if most and n == most]
+            if hits:
+                mine = statistics.fmean(rows[i]["ttft"] for i in hits)
+                prefill = statistics.fmean(reference["requests"][i]["ttft"] for i in hits)
+                out.update(
+                    full_hits=len(hits),
+                    full_hit_tokens=most,
+                    full_hit_ttft_s=round(mine, 4),
+                    full_hit_over_prefill=round(mine / prefill, 3),
+                )
+    out["per_request"] = [[round(r["ttft"], 4), n] for r, n in zip(rows, result.get("served") or [0] * len(rows))]
     return out
 
 
@@ -216,6 +244,7 @@ def main() -> None:
     p.add_argument("--vllm-prefix-caching", action="store_true")
     p.add_argument("--save-queue", type=int, default=None, help="the connector's save_queue (default: its own)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--connector", help="more of the connector's extra config, as JSON ('{\"load_by_layer\": false}')")
     p.add_argument("--text", help="documents' text (default: the bundled held-out text)")
     add_engine_options(p)
     p.add_argument("--json", help="write the results here (and the plot next to it)")
@@ -240,6 +269,7 @@ def main() -> None:
 
     text = Path(args.text).read_text(encoding="utf-8") if args.text else bundled_text("evaluation")
     extra: dict[str, Any] = {"prefix_caching": args.vllm_prefix_caching}
+    connector: dict[str, Any] = json.loads(args.connector) if args.connector else {}
     if args.save_queue is not None:
         extra["save_queue"] = args.save_queue
     report: dict[str, Any] = {
@@ -258,7 +288,7 @@ def main() -> None:
         ids = AutoTokenizer.from_pretrained(str(folder)).encode(text)
         build = long_doc_qa if args.workload == "long-doc-qa" else multi_round
         workload, working_tokens, warmup = build(ids, args)
-        working = working_tokens * per_token
+        working = working_tokens * per_token + working_tokens // SMALLEST_BLOCK * RAW_ENTRY_OVERHEAD
         tmp = Path(tempfile.mkdtemp(prefix=f"bench-serving-{name}-"))
         cals = {c: _calibration(args.vllm_python, folder, c, cache)[0] for c in codecs if c not in FREE}
         engines = {c: Engine(args.vllm_python, str(folder), str(cals.get(c, "")), [], str(tmp / c)) for c in codecs}
@@ -276,7 +306,7 @@ def main() -> None:
                 once["requests"] = workload["requests"][:: args.repeats]
             base = summarize(run(plain, "no connector", once, **extra), len(once["requests"]), None)
             for codec in codecs:
-                got = run(engines[codec], codec, once, max_bytes=working * 2, **extra)
+                got = run(engines[codec], codec, once, max_bytes=working * 2, **extra, **connector)
                 row = {"codec": codec, **summarize(got, len(once["requests"]), None)}
                 row["wall_over_no_connector"] = round(row["wall_s"] / base["wall_s"], 3)
                 model["all_miss"].append(row)
@@ -284,8 +314,9 @@ def main() -> None:
         runs: dict[str, dict[str, Any]] = {}
         for budget in budgets:
             for codec in codecs:
-                got = run(engines[codec], codec, workload, max_bytes=int(budget * working), **extra)
-                row = {"codec": codec, "budget": budget, **summarize(got, warmup, reference)}
+                got = run(engines[codec], codec, workload, max_bytes=int(budget * working), **extra, **connector)
+                full = args.workload == "long-doc-qa"
+                row = {"codec": codec, "budget": budget, **summarize(got, warmup, reference, full)}
                 runs[f"{codec}@{budget}"] = got
                 model["rows"].append(row)
                 print(json.dumps({"model": name, **row}), flush=True)
@@ -342,6 +373,8 @@ def _ratios(model: dict[str, Any]) -> None:
             r["served_over_raw"] = round(r["tokens_served"] / max(ref["tokens_served"], 1), 3)
             r["ttft_over_raw"] = round(r["ttft_mean_s"] / ref["ttft_mean_s"], 3)
             r["query_ttft_over_raw"] = round(r["query_ttft_mean_s"] / ref["query_ttft_mean_s"], 3)
+            if r.get("full_hit_ttft_s") and ref.get("full_hit_ttft_s"):
+                r["full_hit_over_raw"] = round(r["full_hit_ttft_s"] / ref["full_hit_ttft_s"], 3)
 
 
 def _print_tables(report: dict[str, Any]) -> None:
@@ -366,6 +399,16 @@ def _print_tables(report: dict[str, Any]) -> None:
                 f"| {r['bytes_stored'] / 1e6:.1f} | {r['evictions']} | {r['saves_dropped']} | {r['faults']} "
                 f"| {r['outputs_equal']}/{r['outputs_checked']} | {r['outputs_equal_no_connector']}/{r['requests']} |"
             )
+        full = [r for r in m["rows"] if r.get("full_hit_ttft_s")]
+        if full:
+            print("\nfull hits (requests served their whole document): TTFT against the same requests' prefill")
+            print("| budget | codec | full hits | TTFT | / prefill | / raw tier's full hit |")
+            print("|---:|---|---:|---:|---:|---:|")
+            for r in full:
+                print(
+                    f"| {r['budget']:g} | `{r['codec']}` | {r['full_hits']} | {r['full_hit_ttft_s']:.3f} s "
+                    f"| {r['full_hit_over_prefill']:.2f}x | {r.get('full_hit_over_raw', 0):.2f}x |"
+                )
         if m["all_miss"]:
             print("\nevery request a miss that stores (each document once): wall time / no connector's")
             print("| codec | wall | / no connector | stored MB | dropped |")

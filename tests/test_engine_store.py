@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -101,6 +102,39 @@ def test_paged_amx_layout_reads_and_writes_blocks_bit_for_bit(dtype, blocks, hea
     assert torch.equal(other.view(torch.int16)[order], raw[order])
     untouched = [i for i in range(blocks + 2) if i not in [int(o) for o in order]]
     assert torch.equal(other.view(torch.int16)[untouched], before[untouched])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    isa=st.sampled_from(["vec", "amx"]),
+    dtype=st.sampled_from(DTYPES),
+    blocks=st.integers(1, 4),
+    heads=st.integers(1, 3),
+    b=st.sampled_from([16, 32]),
+    dim=st.sampled_from([16, 32]),
+    seed=st.integers(0, 2**31),
+)
+def test_paged_pack_and_put_write_what_write_writes(isa, dtype, blocks, heads, b, dim, seed):
+    """The loader's numpy path (``pack`` blocks of the stored shape, ``put`` them) leaves the
+    buffer exactly as ``write`` of the same cache does, for both CPU layouts."""
+    if isa == "amx" and dtype.itemsize == 1:
+        return  # refused (test_other_layouts_are_refused_by_name)
+    buffer = _random_bits((blocks + 3, heads, b, 2 * dim), dtype, seed)
+    layout = PagedLayout.detect(buffer, platform="cpu", block_size=b, kv_heads=heads, head_dim=dim, isa=isa)
+    order = [int(i) for i in torch.randperm(blocks + 3, generator=torch.Generator().manual_seed(seed))[:blocks]]
+    words = torch.uint8 if dtype.itemsize == 1 else torch.int16
+    k, v = (_random_bits((1, heads, blocks * b, dim), dtype, seed + i) for i in (1, 2))
+    want = _random_bits(buffer.shape, dtype, seed + 3)
+    got = want.clone()
+    layout.write(want, order, k, v)
+
+    def stored(x):  # [1, H, n * B, D] -> [n, H, B, D], as a store keeps blocks
+        return x.view(words).numpy().reshape(heads, blocks, b, dim).transpose(1, 0, 2, 3)
+
+    layout.put(got, order, layout.pack(np.stack([stored(k), stored(v)], axis=1)))
+    assert torch.equal(got.view(words), want.view(words))
+    with pytest.raises(ValueError):
+        layout.pack(np.zeros((1, 2, heads, b + 1, dim), np.int16))
 
 
 def test_other_layouts_are_refused_by_name():

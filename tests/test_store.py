@@ -63,6 +63,40 @@ def test_version_1_entries_are_refused():
         unpack_entry(old, key(0))
 
 
+def test_entries_are_version_3_with_a_pinned_checksum():
+    """The entry layout and its XXH3 checksum keyed by the key (golden bytes: a change reads
+    every stored entry as damaged); the checksum is the one the xxhash package computes."""
+    import struct
+
+    import xxhash
+
+    k = "00112233445566778899aabbccddeeff"
+    data = pack_entry(b"payload", k)
+    want = xxhash.xxh3_64_intdigest(b"payload", seed=xxhash.xxh3_64_intdigest(k.encode()))
+    assert data == b"SPKB" + struct.pack("<HHQQ", 3, 0, 7, want) + b"payload"
+    assert want == 0x9E2B5EF8C8E2A9B2  # rust/speckv/src/hash.rs pins the same word
+
+
+def test_version_2_entries_are_still_read():
+    """Entries checksummed with BLAKE2b-64 keyed by the key (before version 3): read as they
+    are, and refused when damaged or under another key."""
+    import struct
+
+    payload = os.urandom(300)
+
+    def v2(k: str, body: bytes) -> bytes:
+        digest = hashlib.blake2b(body, digest_size=8, key=k.encode()).digest()
+        return b"SPKB" + struct.pack("<HHQ", 2, 0, len(body)) + digest + body
+
+    assert unpack_entry(v2(key(0), payload), key(0)) == payload
+    with pytest.raises(speckv.ChecksumError):
+        unpack_entry(v2(key(0), payload), key(1))
+    damaged = bytearray(v2(key(0), payload))
+    damaged[100] ^= 1
+    with pytest.raises(speckv.ChecksumError):
+        unpack_entry(bytes(damaged), key(0))
+
+
 def test_keys_are_hex_digests_only():
     assert check_key(key(1)) == key(1)
     for bad in ("../../etc/passwd", key(1).upper(), "abc", key(1) + "0" * 40, 5):

@@ -218,6 +218,30 @@ def test_the_predictor_free_connector_refuses_foreign_entries(engine, free_runs,
     assert "could not be served" in run["log"] and not _records(run, "injected")
 
 
+def test_a_layer_damaged_inside_an_entry_is_found_while_restoring_and_recomputed(engine, free_runs, tmp_path):
+    """Both blocks' entries framed intact around a stream whose layer-15 chunk is damaged: the
+    worker reads them (the frames check out), the loader thread writes layers 0-14 while the
+    forward pass runs, finds layer 15 damaged, and every block is reported failed: the
+    requests compute their prefill, and their tokens are the ones computed without a
+    connector."""
+    import speckv
+    from speckv.store import pack_entry, unpack_entry
+
+    store = tmp_path / "store"
+    shutil.copytree(free_runs["store"], store)
+    for path in sorted(store.rglob("*.spkb")):
+        payload = bytearray(unpack_entry(path.read_bytes(), path.stem))
+        meta = speckv.info(bytes(payload[16:]))
+        assert meta["chunks"] == 30  # a chunk per layer (FreePrefixStore.layer_chunk)
+        at = 16 + meta["header_bytes"] + sum(meta["chunk_bytes"][:15]) + meta["chunk_bytes"][15] // 2
+        payload[at] ^= 0x40
+        path.write_bytes(pack_entry(bytes(payload), path.stem))
+    run = engine.run("speckv", str(store), record=True, extra={"predictor": "none"})
+    assert run["outputs"] == free_runs["none"]["outputs"]
+    assert "decoding a stored block failed" in run["log"] and "could not be served" in run["log"]
+    assert not _records(run, "injected")
+
+
 @pytest.fixture(scope="module")
 def workload(engine):
     """Three documents of two blocks, read twice in turn (tile order), each time with another

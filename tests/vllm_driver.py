@@ -40,14 +40,21 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
 
     class RecordingSpeckvConnector(SpeckvConnector):
         """SpeckvConnector that also writes down, per request, the blocks it stored (what vLLM
-        computed) and the blocks it injected (read back from vLLM's buffer after the load)."""
+        computed) and the blocks it injected (read back from vLLM's buffer once the step's
+        loads are done: after the forward pass, as a layer-by-layer load ends there; the
+        forward pass writes only the blocks after the loaded ones)."""
 
         def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
             super().start_load_kv(forward_context, **kwargs)
             meta = self._get_connector_metadata()
-            assert isinstance(meta, SpeckvConnectorMetadata) and self._layout is not None
-            failed = set(self._load_errors)
-            for load in meta.loads:
+            assert isinstance(meta, SpeckvConnectorMetadata)
+            self._recording = list(meta.loads)
+
+        def get_block_ids_with_load_errors(self) -> set[int]:
+            failed = super().get_block_ids_with_load_errors()
+            loads, self._recording = getattr(self, "_recording", []), []
+            assert self._layout is not None or not loads
+            for load in loads:
                 served = [b for b in load.block_ids[load.first :] if b not in failed]
                 if served:
                     _record(
@@ -55,6 +62,7 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
                         load.req_id,
                         {layer: self._layout.read(self._view(buf), served) for layer, buf in self._caches.items()},
                     )
+            return failed
 
         def wait_for_save(self) -> None:
             meta = self._get_connector_metadata()

@@ -11,13 +11,18 @@ Entry layout (little-endian)::
 
     offset  size  field
     0       4     magic b"SPKB"
-    4       2     entry version (2)
+    4       2     entry version (3)
     6       2     reserved, 0
     8       8     payload length N
-    16      8     BLAKE2b-64 of the payload, keyed with the entry's key (its ASCII hex)
+    16      8     checksum of the payload keyed with the entry's key (its ASCII hex): XXH3-64
+                  seeded with the key's XXH3-64 (``speckv::hash::keyed_checksum``)
     24      N     payload
 
-(Version 1 entries, checksummed without their key, are refused: they are recomputed.)
+Version 2 entries (the same, the checksum a BLAKE2b-64 keyed with the key) are still read:
+BLAKE2b cost more than decoding a fast-lane block, so version 3 checksums with XXH3 (a
+checksum against damage and misplaced entries, not a MAC: whoever can write the store can
+write any entry). Version 1 entries, checksummed without their key, are refused: they are
+recomputed.
 
 Every backend call raises ``StoreError`` for what goes wrong underneath (I/O, permissions,
 a lost or stalled connection: ``RedisBackend`` sets its own timeouts), never an ``OSError`` or
@@ -71,10 +76,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ._speckv import ChecksumError, CorruptStreamError, SpeckvError
+from ._speckv import ChecksumError, CorruptStreamError, SpeckvError, entry_checksum
 
 ENTRY_MAGIC = b"SPKB"
-ENTRY_VERSION = 2
+ENTRY_VERSION = 3
+# the version before XXH3 checksums (BLAKE2b-64): still read
+_ENTRY_VERSION_BLAKE2 = 2
 ENTRY_HEADER = 24
 _KEY = re.compile(r"[0-9a-f]{16,64}")
 
@@ -89,8 +96,10 @@ def check_key(key: str) -> str:
     return key
 
 
-def _entry_digest(payload: bytes, key: str) -> bytes:
-    return hashlib.blake2b(payload, digest_size=8, key=check_key(key).encode()).digest()
+def _entry_digest(payload: bytes, key: str, version: int = ENTRY_VERSION) -> bytes:
+    if version == _ENTRY_VERSION_BLAKE2:
+        return hashlib.blake2b(payload, digest_size=8, key=check_key(key).encode()).digest()
+    return struct.pack("<Q", entry_checksum(check_key(key).encode(), payload))
 
 
 def pack_entry(payload: bytes, key: str) -> bytes:
@@ -107,12 +116,12 @@ def unpack_entry(data: bytes, key: str) -> bytes:
     if len(view) < ENTRY_HEADER or bytes(view[:4]) != ENTRY_MAGIC:
         raise CorruptStreamError("store entry: bad magic or truncated header")
     version, reserved, length = struct.unpack_from("<HHQ", view, 4)
-    if version != ENTRY_VERSION or reserved != 0:
+    if version not in (ENTRY_VERSION, _ENTRY_VERSION_BLAKE2) or reserved != 0:
         raise CorruptStreamError(f"store entry: version {version} is not supported")
     if length != len(view) - ENTRY_HEADER:
         raise CorruptStreamError("store entry: length does not match (truncated or extended)")
     payload = bytes(view[ENTRY_HEADER:])
-    if _entry_digest(payload, key) != bytes(view[16:24]):
+    if _entry_digest(payload, key, version) != bytes(view[16:24]):
         raise ChecksumError("store entry: checksum does not match (damaged, or stored under another key)")
     return payload
 

@@ -14,7 +14,14 @@ predicted store's prompt fingerprint: an entry written under another key (a fore
 misplaced file) is refused, never served as this prefix's cache.
 
 ``coding="raw"`` stores the same blocks uncompressed (a serving tier's baseline: the same
-keys, budget and eviction, none of the codec). Entry payloads::
+keys, budget and eviction, none of the codec).
+
+Restoring layer by layer (``read_blocks``, then ``decode_layers``): a block's entry is read and
+checked whole, and any run of its layers decoded alone, so that an engine can hand over layer 0
+while later layers are still being decoded. A fast-lane block is coded in chunks of whole layers
+(``layer_chunk``) so that a layer's chunks hold nothing of another's; blocks coded in other
+chunks still decode, a layer then decoding the chunks it shares with its neighbours.
+Entry payloads::
 
     offset  size             field
     0       16               the block's key (binary)
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +53,26 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m
 CODINGS = ("fast", "raw")
 RAW_MAGIC = b"RAW1"
 _RAW_HEADER = struct.Struct("<4s5I")
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    """One block's entry, read and checked (key, header, shape), not decoded yet."""
+
+    data: bytes
+    """the payload after the key: a fast-lane stream, or a raw block with its header"""
+    shape: tuple[int, ...]
+    """``[layers, 2, kv_heads, block_size, head_dim]``"""
+    chunk_scalars: int
+    """the fast-lane stream's scalars per chunk (0 for a raw block)"""
+
+
+def layer_chunk(shape: tuple[int, ...]) -> int:
+    """Scalars per fast-lane chunk for blocks of ``shape`` (``[layers, 2, heads, block,
+    dim]``): whole layers, as few as make a chunk of at least ``FAST_LANE_MIN_SCALARS`` (a
+    chunk carries its own tables)."""
+    per_layer = math.prod(shape[1:])
+    return per_layer * max(1, -(-_api.FAST_LANE_MIN_SCALARS // per_layer))
 
 
 class FreePrefixStore(BlockChain):
@@ -110,8 +138,12 @@ class FreePrefixStore(BlockChain):
             if self.coding == "raw":
                 little = block.astype(block.dtype.newbyteorder("<"), copy=False)
                 return bytes.fromhex(key) + _RAW_HEADER.pack(RAW_MAGIC, *block.shape) + little.tobytes()
-            # from numpy: decode then hands back numpy too (no torch hint in the stream)
-            return bytes.fromhex(key) + _api.encode(block.view(typed), threads=self.threads, lane="fast")
+            # from numpy: decode then hands back numpy too (no torch hint in the stream); in
+            # chunks of whole layers, for restores layer by layer (`decode_layers`)
+            coded = _api.encode(
+                block.view(typed), threads=self.threads, lane="fast", chunk_size=layer_chunk(block.shape)
+            )
+            return bytes.fromhex(key) + coded
 
         return self._put_chain(ids, code)
 
@@ -121,11 +153,33 @@ class FreePrefixStore(BlockChain):
         """Per layer ``(K, V)`` ``[1, kv_heads, n, head_dim]`` of the longest stored prefix of
         ``input_ids``, bit for bit, in the storage dtype; ``([], 0)`` if none. A damaged,
         foreign or unreadable entry ends the prefix there (counted in ``stats``)."""
+        want = DTYPES[self.dtype]
         blocks: list[np.ndarray] = []
+        for stored in self.read_blocks(input_ids):
+            try:
+                blocks.append(self.decode_layers(stored, 0, stored.shape[0]))
+            except CorruptStreamError:
+                self.damaged()
+                break
+        if not blocks:
+            return [], 0
+        whole = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks, axis=3))).view(want)
+        if device is not None:
+            whole = whole.to(device)
+        kv = [(whole[layer, 0][None], whole[layer, 1][None]) for layer in range(whole.shape[0])]
+        return kv, len(blocks) * self.block_size
+
+    def read_blocks(self, input_ids: torch.Tensor, *, start: int = 0) -> list[StoredBlock]:
+        """The entries of the longest stored prefix of ``input_ids``, from block ``start`` on
+        (the blocks before it are the caller's already), read and checked but not decoded:
+        ``decode_layers`` decodes them, a run of layers at a time. A damaged, foreign or
+        unreadable entry ends the prefix there (counted); one whose stream turns out damaged
+        when decoded is the caller's to report (``damaged``)."""
+        out: list[StoredBlock] = []
         shape: tuple[int, ...] | None = None
         want = DTYPES[self.dtype]
         keys = self.keys(input_ids)
-        for key in keys:
+        for key in keys[start:]:
             try:
                 raw = self.backend.get(key)
                 if raw is None:
@@ -135,43 +189,63 @@ class FreePrefixStore(BlockChain):
                 if entry[:KEY_BYTES] != bytes.fromhex(key):
                     raise CorruptStreamError("stored block: written for another prefix")
                 data = entry[KEY_BYTES:]
-                dtype_name, got = self._header(data)
+                dtype_name, got, chunk = self._header(data)
                 if dtype_name != _DTYPE_NAMES[want] or len(got) != 5 or got[1] != 2 or got[3] != self.block_size:
                     raise CorruptStreamError(f"stored block: {dtype_name} {list(got)}, not this store's")
                 if shape is not None and got != shape:
                     raise CorruptStreamError("stored block: another shape than the blocks before it")
-                block = self._decode(data, got, want)
             except (CorruptStreamError, StoreError) as e:
                 self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
                 break
             shape = got
             self._stats["hits"] += 1
-            blocks.append(np.asarray(block))
-        self._used(keys[: len(blocks)])
-        if not blocks:
-            return [], 0
-        whole = torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks, axis=3)).view(_WORDS[want])).view(want)
-        if device is not None:
-            whole = whole.to(device)
-        kv = [(whole[layer, 0][None], whole[layer, 1][None]) for layer in range(whole.shape[0])]
-        return kv, len(blocks) * self.block_size
+            out.append(StoredBlock(data, got, chunk))
+        self._used(keys[: start + len(out)])
+        return out
 
-    def _header(self, data: bytes) -> tuple[str, tuple[int, ...]]:
-        """The stored block's dtype name and shape, read from its payload's header."""
+    def decode_layers(self, block: StoredBlock, lo: int, hi: int) -> np.ndarray:
+        """Layers ``lo:hi`` of a block from ``read_blocks``: ``[hi - lo, 2, kv_heads,
+        block_size, head_dim]``, the storage dtype's bits as integers (int16, or uint8 for
+        fp8), bit for bit. ``CorruptStreamError`` if those layers' bytes are damaged. Raw
+        blocks are a view of the entry (no copy)."""
+        if not 0 <= lo <= hi <= block.shape[0]:
+            raise ValueError(f"layers {lo}:{hi}: the block has {block.shape[0]}")
+        per_layer = math.prod(block.shape[1:])
+        want = DTYPES[self.dtype]
+        out_shape = (hi - lo, *block.shape[1:])
+        if block.chunk_scalars == 0:
+            word = np.dtype(_WORDS[want]).newbyteorder("<")
+            offset = _RAW_HEADER.size + lo * per_layer * word.itemsize
+            run = np.frombuffer(block.data, dtype=word, count=(hi - lo) * per_layer, offset=offset)
+            return run.astype(_WORDS[want], copy=False).reshape(out_shape)
+        if lo == hi:
+            return np.zeros(out_shape, _WORDS[want])
+        c = block.chunk_scalars
+        first, last = lo * per_layer, hi * per_layer  # the layers' scalars
+        chunks = (first // c, -(-last // c))
+        run = np.asarray(_api.decode(block.data, threads=self.threads, chunks=chunks)).view(_WORDS[want])
+        return run[first - chunks[0] * c : last - chunks[0] * c].reshape(out_shape)
+
+    def damaged(self) -> None:
+        """Counts a block that ``read_blocks`` returned and whose stream turned out damaged
+        when decoded: a corrupt entry, not a hit."""
+        self._stats["hits"] -= 1
+        self._stats["corrupt_entries"] += 1
+
+    def _header(self, data: bytes) -> tuple[str, tuple[int, ...], int]:
+        """The stored block's dtype name, shape and scalars per chunk (0: raw), read from its
+        payload's header (a raw block's length checked against its shape)."""
         if self.coding == "raw":
             if len(data) < _RAW_HEADER.size or data[:4] != RAW_MAGIC:
                 raise CorruptStreamError("stored block: not a raw block")
-            return _DTYPE_NAMES[DTYPES[self.dtype]], tuple(_RAW_HEADER.unpack_from(data)[1:])
-        meta = _api.info(data)
-        return str(meta["dtype"]), tuple(meta["shape"])
-
-    def _decode(self, data: bytes, shape: tuple[int, ...], want: torch.dtype) -> np.ndarray:
-        if self.coding == "raw":
-            word = np.dtype(_WORDS[want]).newbyteorder("<")
-            if len(data) != _RAW_HEADER.size + math.prod(shape) * word.itemsize:
+            shape = tuple(_RAW_HEADER.unpack_from(data)[1:])
+            if len(data) != _RAW_HEADER.size + math.prod(shape) * np.dtype(_WORDS[DTYPES[self.dtype]]).itemsize:
                 raise CorruptStreamError("stored block: its length does not match its shape")
-            return np.frombuffer(data, dtype=word, offset=_RAW_HEADER.size).reshape(shape).astype(_WORDS[want])
-        return np.asarray(_api.decode(data, threads=self.threads))
+            return _DTYPE_NAMES[DTYPES[self.dtype]], shape, 0
+        meta = _api.info(data)
+        if meta.get("predicted") or meta.get("lane") != "fast":
+            raise CorruptStreamError("stored block: not a predictor-free fast-lane stream")
+        return str(meta["dtype"]), tuple(meta["shape"]), int(meta["chunk_scalars"])
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "float8_e4m3fn"}
@@ -193,4 +267,4 @@ def _words(t: Any, want: torch.dtype) -> np.ndarray:
 _TORCH_WORDS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 _WORDS = {torch.bfloat16: np.int16, torch.float16: np.int16, torch.float8_e4m3fn: np.uint8}
 
-__all__ = ["FreePrefixStore"]
+__all__ = ["FreePrefixStore", "StoredBlock", "layer_chunk"]

@@ -28,12 +28,15 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..store import Backend, DirectoryBackend, RedisBackend
+
+if TYPE_CHECKING:
+    from ..hf.free_store import StoredBlock
 
 log = logging.getLogger("speckv.engine")
 
@@ -254,6 +257,23 @@ class EngineStore:
         except Exception as e:
             self.fault(f"load:{type(e).__name__}", f"loading a prefix failed: {e}")
             return [], 0
+        finally:
+            self._faults_since(before, "loading")
+
+    def read_blocks(self, token_ids: list[int] | torch.Tensor, *, start: int = 0) -> list[StoredBlock]:
+        """A predictor-free store's entries of ``token_ids``' longest stored prefix from block
+        ``start`` on, read and checked, for ``prefix.decode_layers`` to restore layer by layer
+        (``FreePrefixStore.read_blocks``); ``[]`` on any fault, and for a predicted store."""
+        from ..hf.free_store import FreePrefixStore
+
+        if not isinstance(self.prefix, FreePrefixStore):
+            return []
+        before = self.prefix.stats_counters()
+        try:
+            return self.prefix.read_blocks(_ids(token_ids), start=start)
+        except Exception as e:
+            self.fault(f"load:{type(e).__name__}", f"reading a stored prefix failed: {e}")
+            return []
         finally:
             self._faults_since(before, "loading")
 

@@ -128,6 +128,37 @@ class PagedLayout:
 
         return tokens(k), tokens(v)
 
+    def pack(self, blocks: np.ndarray) -> np.ndarray:
+        """Blocks in the stored shape ``[n, 2, kv_heads, block_size, head_dim]`` (K then V; bits
+        as integers) laid out as the engine keeps them, ``[n, kv_heads, block_size, 2 *
+        head_dim]`` (numpy alone: a loader thread stays out of torch's thread pool; the inverse
+        of ``split``, block by block)."""
+        b, d, h = self.block_size, self.head_dim, self.kv_heads
+        n = blocks.shape[0]
+        if blocks.shape[1:] != (2, h, b, d):
+            raise ValueError(f"blocks: expected [n, 2, {h}, {b}, {d}], got {list(blocks.shape)}")
+        k, v = blocks[:, 0], blocks[:, 1]  # [n, H, B, D]
+        if self.kind == CPU_AMX:
+            t = _TILE
+            kt = k.reshape(n, h, b // t, t, d // 2, 2).transpose(0, 1, 2, 4, 3, 5)
+            vt = v.reshape(n, h, b // 2, 2, d // t, t).transpose(0, 1, 4, 2, 5, 3)
+        else:
+            kt, vt = k.transpose(0, 1, 3, 2), v
+        out = np.empty((n, h, 2 * b * d), blocks.dtype)
+        out[:, :, : b * d] = kt.reshape(n, h, b * d)
+        out[:, :, b * d :] = vt.reshape(n, h, b * d)
+        return out.reshape(n, h, b, 2 * d)
+
+    def put(self, buffer: torch.Tensor, block_ids: Sequence[int], packed: np.ndarray) -> None:
+        """Writes ``pack``'s output into blocks ``block_ids`` of ``buffer`` (numpy alone)."""
+        words = _bits(buffer).numpy()
+        if packed.shape != (len(block_ids), *words.shape[1:]) or packed.dtype != words.dtype:
+            raise ValueError(
+                f"packed: expected {[len(block_ids), *words.shape[1:]]} {words.dtype}, "
+                f"got {list(packed.shape)} {packed.dtype}"
+            )
+        words[np.asarray(block_ids, dtype=np.int64)] = packed
+
     def write(self, buffer: torch.Tensor, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Writes ``(K, V)`` (``[1, kv_heads, len(block_ids) * block_size, head_dim]``, the
         buffer's dtype) into blocks ``block_ids`` of ``buffer``."""

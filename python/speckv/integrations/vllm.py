@@ -40,6 +40,11 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
 - ``save_threads``: the codec threads of a background save (default 1: the engine keeps the
   other cores); ``save_nice``: the saver thread's nice value (default 19: it takes the cores
   the engine leaves idle; None keeps the engine's);
+- ``load_by_layer``: with ``predictor`` ``"none"`` or ``"raw"``, restore layer by layer
+  (default True): the step reads a request's entries, and a thread of its own
+  (``LayerLoader``) decodes and writes layer 0, 1, ... while the forward pass runs, which
+  waits in ``wait_for_layer_load`` only for a layer not written yet. False (and the predicted
+  stores, whose predictor needs the layers before): every layer before the forward pass;
 - ``stats_file``: a JSON file the worker writes its counters to when it shuts down (and the
   scheduler its own next to it, ``.scheduler.json``): hits, misses, tokens served, bytes,
   evictions, saves dropped, faults, and the seconds the step spent loading and copying
@@ -71,6 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -79,7 +85,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
+from ..hf.free_store import FreePrefixStore, StoredBlock
 from .engine import MEMORY, EngineStore, memory_tier_path
+from .layer_loader import LayerLoader
 from .paged import PagedLayout, UnsupportedLayoutError
 from .saver import BackgroundSaver
 
@@ -117,6 +125,16 @@ class _Load:
     token_ids: list[int]
     block_ids: list[int]
     first: int
+
+
+@dataclass
+class _LayerLoad:
+    """A ``_Load`` whose entries were read (``blocks``, from block ``load.first`` on), restored
+    layer by layer: ``served`` blocks so far (it drops where a layer's stream is damaged)."""
+
+    load: _Load
+    blocks: list[StoredBlock]
+    served: int
 
 
 @dataclass
@@ -192,6 +210,11 @@ class SpeckvConnector(KVConnectorBase_V1):
             )
 
         self.store = store()
+        # restores layer by layer: the predictor-free stores (module docs)
+        self._loader: LayerLoader | None = None
+        self._layer_loads: list[_LayerLoad] = []
+        if worker and free and bool(extra.get("load_by_layer", True)):
+            self._loader = LayerLoader()
         # the background saver codes with a store of its own (its own predictor state), on the
         # same backend: loads never wait for a save's codec
         self._saver: BackgroundSaver | None = None
@@ -206,7 +229,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
         self._loads: list[list[Any]] = []
         # time inside the engine's step: loading (decode and write), copying blocks out to store
-        self._seconds = {"load_s": 0.0, "save_copy_s": 0.0}
+        self._seconds = {"load_s": 0.0, "save_copy_s": 0.0, "layer_wait_s": 0.0, "loader_busy_s": 0.0}
         self._counters = {"matches": 0, "tokens_matched": 0, "tokens_loaded": 0, "blocks_failed": 0}
         specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
         self._memory_tier = memory_tier_path(name) if MEMORY in specs else None
@@ -370,6 +393,10 @@ class SpeckvConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, SpeckvConnectorMetadata)
+        self._finish_layer_loads()  # a step whose end we did not see (never, as vLLM runs)
+        if self._loader is not None:
+            self._start_layer_loads(meta.loads)
+            return
         b = self._block_size
         start = time.perf_counter()
         for load in meta.loads:
@@ -389,23 +416,80 @@ class SpeckvConnector(KVConnectorBase_V1):
                 except Exception as e:  # never the engine's error: those blocks are computed
                     self.store.fault(f"inject:{type(e).__name__}", f"writing decoded blocks failed: {e}")
                     served = load.first
-            self._counters["tokens_loaded"] += (served - load.first) * b
-            if len(self._loads) < MAX_LOADS_KEPT:
-                self._loads.append([load.req_id, load.first * b, len(load.block_ids) * b, served * b])
-            failed = load.block_ids[served:]
-            self._counters["blocks_failed"] += len(failed)
-            if failed:
-                self.store.fault(
-                    "partial",
-                    f"{len(failed)} of {len(load.block_ids) - load.first} matched blocks could not be served "
-                    "(a damaged, foreign or vanished entry, or a decode refused)",
-                )
-                self._load_errors.update(failed)
+            self._loaded(load, served)
         if meta.loads:
             self._seconds["load_s"] += time.perf_counter() - start
 
+    def _loaded(self, load: _Load, served: int) -> None:
+        """Counts a load that served blocks ``load.first:served`` and reports the rest of its
+        blocks as failed (vLLM computes them)."""
+        b = self._block_size
+        self._counters["tokens_loaded"] += (served - load.first) * b
+        if len(self._loads) < MAX_LOADS_KEPT:
+            self._loads.append([load.req_id, load.first * b, len(load.block_ids) * b, served * b])
+        failed = load.block_ids[served:]
+        self._counters["blocks_failed"] += len(failed)
+        if failed:
+            self.store.fault(
+                "partial",
+                f"{len(failed)} of {len(load.block_ids) - load.first} matched blocks could not be served "
+                "(a damaged, foreign or vanished entry, or a decode refused)",
+            )
+            self._load_errors.update(failed)
+
+    def _start_layer_loads(self, loads: list[_Load]) -> None:
+        """Reads every load's entries now (checked, not decoded), then hands the decoding to
+        the loader thread, layer by layer (``_restore_layer``)."""
+        assert self._loader is not None
+        start = time.perf_counter()
+        for load in loads:
+            blocks: list[StoredBlock] = []
+            if self._usable() and load.token_ids and self._layout is not None:
+                blocks = self.store.read_blocks(load.token_ids, start=load.first)
+            self._layer_loads.append(_LayerLoad(load, blocks, load.first + len(blocks)))
+        if any(job.blocks for job in self._layer_loads):
+            self._loader.start(len(self._caches), self._restore_layer)
+        self._seconds["load_s"] += time.perf_counter() - start
+
+    def _restore_layer(self, layer: int) -> None:
+        """On the loader's thread: layer ``layer`` of every block read, decoded and written
+        into vLLM's buffer (numpy and the core alone). A block whose layer is damaged ends its
+        request's served blocks there."""
+        assert self._layout is not None
+        prefix = self.store.prefix
+        assert isinstance(prefix, FreePrefixStore)
+        buffer = self._view(self._caches[layer])
+        for job in self._layer_loads:
+            n = job.served - job.load.first
+            words = []
+            for i, block in enumerate(job.blocks[:n]):
+                try:
+                    words.append(prefix.decode_layers(block, layer, layer + 1)[0])
+                except Exception as e:
+                    prefix.damaged()
+                    self.store.fault(f"inject:{type(e).__name__}", f"decoding a stored block failed: {e}")
+                    n = i
+                    break
+            job.served = job.load.first + n
+            if n:
+                ids = job.load.block_ids[job.load.first : job.served]
+                self._layout.put(buffer, ids, self._layout.pack(np.stack(words)))
+
+    def _finish_layer_loads(self) -> None:
+        """Waits for the loader's job and counts what each load served; an exception that
+        ended the job makes every block it restored a failed one (computed)."""
+        if self._loader is None or not self._layer_loads:
+            return
+        error = self._loader.join()
+        if error is not None:
+            self.store.fault(f"inject:{type(error).__name__}", f"restoring layers failed: {error}")
+        for job in self._layer_loads:
+            self._loaded(job.load, job.load.first if error is not None else job.served)
+        self._layer_loads = []
+
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv decodes every layer before the forward pass
+        if self._loader is not None and layer_name in self._names:
+            self._loader.wait(self._names[layer_name])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -424,6 +508,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._seconds["save_copy_s"] += time.perf_counter() - start
 
     def wait_for_save(self) -> None:
+        self._finish_layer_loads()
         if not self._captured:
             return
         meta = self._get_connector_metadata()
@@ -452,12 +537,16 @@ class SpeckvConnector(KVConnectorBase_V1):
         return store.save(token_ids, kv)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        self._finish_layer_loads()
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def shutdown(self) -> None:
         """Finishes the queued saves (at most ``SHUTDOWN_DRAIN_S``), then writes the counters
         (``stats_file``)."""
+        self._finish_layer_loads()
+        if self._loader is not None:
+            self._loader.close()
         if self._saver is not None:
             if not self._saver.close(SHUTDOWN_DRAIN_S):
                 logger.warning("speckv: %d saves were still queued at shutdown (not stored)", self._saver.pending())
@@ -474,6 +563,9 @@ class SpeckvConnector(KVConnectorBase_V1):
         misses, holes, declined, corrupt entries, store errors; blocks, bytes, evictions)."""
         out: dict[str, Any] = {"role": "worker" if self._worker else "scheduler"}
         out.update(self._counters)
+        if self._loader is not None:
+            self._seconds["layer_wait_s"] = self._loader.waited_s
+            self._seconds["loader_busy_s"] = self._loader.busy_s
         out.update({k: round(v, 4) for k, v in self._seconds.items()})
         tier: dict[str, Any]
         try:

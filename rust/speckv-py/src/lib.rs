@@ -406,6 +406,13 @@ fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -> PyResult<
     Ok(d)
 }
 
+/// The checksum of a store entry's payload under `key` (`speckv::hash::keyed_checksum`),
+/// computed without the GIL.
+#[pyfunction]
+fn entry_checksum(py: Python<'_>, key: &[u8], payload: PyBackedBytes) -> u64 {
+    py.allow_threads(|| speckv::hash::keyed_checksum(key, &payload))
+}
+
 /// Streams of consecutive slabs of one tensor joined into the stream of the whole
 /// (`speckv::format::splice::join`).
 #[pyfunction]
@@ -810,6 +817,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add_function(wrap_pyfunction!(container_write, m)?)?;
     m.add_function(wrap_pyfunction!(stream_join, m)?)?;
+    m.add_function(wrap_pyfunction!(entry_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(stream_cut, m)?)?;
     m.add_function(wrap_pyfunction!(residuals, m)?)?;
     m.add_function(wrap_pyfunction!(container_info, m)?)?;

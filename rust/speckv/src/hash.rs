@@ -30,6 +30,14 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
+/// XXH3-64 of `bytes` seeded with the XXH3-64 of `key`: the checksum of a store entry
+/// (`speckv.store`'s entry version 3), which reads wrong under any other key as well as when
+/// damaged. About as fast as reading the bytes, so a restore does not pay for it (the BLAKE2b
+/// of version 2 cost more than decoding a fast-lane block).
+pub fn keyed_checksum(key: &[u8], bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(bytes, checksum(key))
+}
+
 /// Whether `bytes` still have the checksum `stored`. Fuzz builds (`--cfg fuzzing`, which
 /// cargo-fuzz sets; `fuzz/README.md`) accept any, so that the fuzzer reaches the parsers and
 /// decoders behind the checksums: anyone can compute XXH3 for a forged stream, so those must
@@ -52,4 +60,22 @@ pub(crate) fn plain_bytes<T: Plain>(values: &[T]) -> &[u8] {
     // - `u8` has alignment 1 and the byte length is the slice's own size;
     // - the result borrows `values`, so it cannot outlive it.
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Golden words: an entry's checksum must never change, or every stored entry reads as
+    /// damaged (computed once with the `xxhash` Python package: `xxh3_64(b"payload",
+    /// seed=xxh3_64(b"00112233445566778899aabbccddeeff"))`).
+    #[test]
+    fn keyed_checksum_is_pinned_and_depends_on_the_key() {
+        let key = b"00112233445566778899aabbccddeeff";
+        const GOLDEN: u64 = 0x9e2b_5ef8_c8e2_a9b2;
+        assert_eq!(keyed_checksum(key, b"payload"), GOLDEN);
+        assert_ne!(keyed_checksum(b"00112233445566778899aabbccddeefe", b"payload"), GOLDEN);
+        assert_ne!(keyed_checksum(key, b"paylobd"), GOLDEN);
+        assert_eq!(keyed_checksum(key, b""), xxhash_rust::xxh3::xxh3_64_with_seed(b"", checksum(key)));
+    }
 }
