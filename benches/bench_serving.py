@@ -157,6 +157,8 @@ def summarize(
             save_copy_s=stats.get("save_copy_s"),
             saver_busy_s=stats.get("saver", {}).get("busy_s"),
             layer_wait_s=stats.get("layer_wait_s"),
+            save_waits=stats.get("scheduler", {}).get("save_waits"),
+            save_wait_s=stats.get("scheduler", {}).get("save_wait_s"),
             loader_busy_s=stats.get("loader_busy_s"),
         )
         if full_hit and reference is not None:
@@ -222,6 +224,9 @@ def run(engine: Engine, codec: str, workload: dict[str, Any], **extra: Any) -> d
         connector["predictor"] = codec
     result = engine.run("speckv-free" if codec in FREE else "speckv", "memory", extra=connector, **more)
     result["stats"] = json.loads(stats_file.read_text()) if stats_file.exists() else None
+    scheduler = stats_file.with_suffix(".scheduler.json")
+    if result["stats"] is not None and scheduler.exists():
+        result["stats"]["scheduler"] = json.loads(scheduler.read_text())
     return result
 
 

@@ -302,6 +302,30 @@ def test_a_budget_the_raw_tier_thrashes_in_holds_every_compressed_document(engin
     assert set(Path("/dev/shm").glob("speckv-*")) <= tiers_before  # each tier went with its engine
 
 
+def test_a_request_waits_for_the_save_of_its_prefix_still_on_its_way(engine, workload, tmp_path):
+    """Each document asked for twice in a row, while every save takes a second longer than
+    usual (the saver behind the requests, for certain): the repeat finds nothing stored yet,
+    waits for the save on its way (the scheduler's ``save_wait_s``) and is served its whole
+    document from the tier, its output the one computed without a connector."""
+    import json
+
+    load, none = workload
+    docs = load["requests"][:3]
+    requests = [r for d in docs for r in (d, d[: 2 * BLOCK] + d[2 * BLOCK :][::-1])]
+    stats = tmp_path / "stats.json"
+    run = engine.run(
+        "speckv-slow-save",
+        "memory",
+        workload={**load, "requests": requests},
+        extra={"predictor": "none", "stats_file": str(stats), "test_save_delay_s": 1.0, "save_wait_s": 5.0},
+    )
+    worker, scheduler = json.loads(stats.read_text()), json.loads(stats.with_suffix(".scheduler.json").read_text())
+    assert _served(run, worker) == [0, 2 * BLOCK] * 3
+    assert scheduler["save_waits"] == 3 and scheduler["save_wait_s"] >= 3 * 0.5
+    firsts = [r["output"] for r in run["requests"][::2]]
+    assert firsts == [r["output"] for r in none["requests"][:3]]
+
+
 def test_redis_killed_and_restarted_mid_workload(engine, workload, tmp_path):
     """The tier's Redis server shut down after the first pass and started again (empty) one
     request later: the run completes, every output equals no connector's, the faults are

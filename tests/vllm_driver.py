@@ -75,6 +75,15 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
                     )
             super().wait_for_save()
 
+    class SlowSavingSpeckvConnector(SpeckvConnector):
+        """SpeckvConnector whose background saves each take ``test_save_delay_s`` longer (a
+        saver behind the requests, made certain)."""
+
+        def _save_now(self, token_ids: list[int], blocks: list[Any], store: Any = None) -> int:
+            extra = self._kv_transfer_config.kv_connector_extra_config or {}
+            time.sleep(float(extra.get("test_save_delay_s", 0)))
+            return super()._save_now(token_ids, blocks, store)
+
 except ImportError:  # imported by pytest outside the vLLM virtualenv: only the docs matter
     pass
 
@@ -182,10 +191,11 @@ def main(path: str) -> None:
     if cfg.get("record"):
         os.makedirs(cfg["record"], exist_ok=True)
         os.environ["SPECKV_TEST_RECORD"] = cfg["record"]
-    elif kind == "speckv-free":  # the speckv connector without a calibration (predictor in extra)
+    elif kind in ("speckv-free", "speckv-slow-save"):  # without a calibration (predictor in extra)
+        slow = kind == "speckv-slow-save"
         transfer = KVTransferConfig(
-            kv_connector="SpeckvConnector",
-            kv_connector_module_path="speckv.integrations.vllm",
+            kv_connector="SlowSavingSpeckvConnector" if slow else "SpeckvConnector",
+            kv_connector_module_path="vllm_driver" if slow else "speckv.integrations.vllm",
             kv_role="kv_both",
             kv_connector_extra_config={"store": cfg["store"], **cfg.get("extra", {})},
         )

@@ -40,6 +40,12 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
 - ``save_threads``: the codec threads of a background save (default 1: the engine keeps the
   other cores); ``save_nice``: the saver thread's nice value (default 19: it takes the cores
   the engine leaves idle; None keeps the engine's);
+- ``save_wait_s``: how long a request whose prompt extends a save still on its way to the
+  tier (queued or being coded, so not matched yet) waits for it instead of computing those
+  tokens (default 1.0; 0: never). The scheduler asks vLLM to come back to the request
+  (``get_num_new_matched_tokens`` returns None) until the save shows in the tier's index or
+  the time is up: a document asked for again right after its first reading is served from the
+  tier, not prefilled twice;
 - ``load_by_layer``: with ``predictor`` ``"none"`` or ``"raw"``, restore layer by layer
   (default True): the step reads a request's entries, and a thread of its own
   (``LayerLoader``) decodes and writes layer 0, 1, ... while the forward pass runs, which
@@ -114,6 +120,12 @@ DEFAULT_SAVE_QUEUE = 8
 MAX_LOADS_KEPT = 100_000
 # how long an engine shutting down waits for queued saves
 SHUTDOWN_DRAIN_S = 60.0
+DEFAULT_SAVE_WAIT_S = 1.0
+# a scheduler waiting for a save sleeps this long per look (vLLM's engine loop asks again at
+# once: the sleep leaves the cores to the saver)
+SAVE_POLL_S = 0.002
+# saves the scheduler remembers as on their way (the oldest forgotten first)
+MAX_PENDING_SAVES = 64
 
 
 @dataclass
@@ -229,8 +241,25 @@ class SpeckvConnector(KVConnectorBase_V1):
         # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
         self._loads: list[list[Any]] = []
         # time inside the engine's step: loading (decode and write), copying blocks out to store
-        self._seconds = {"load_s": 0.0, "save_copy_s": 0.0, "layer_wait_s": 0.0, "loader_busy_s": 0.0}
-        self._counters = {"matches": 0, "tokens_matched": 0, "tokens_loaded": 0, "blocks_failed": 0}
+        self._seconds = {
+            "load_s": 0.0,
+            "save_copy_s": 0.0,
+            "layer_wait_s": 0.0,
+            "loader_busy_s": 0.0,
+            "save_wait_s": 0.0,
+        }
+        self._counters = {
+            "matches": 0,
+            "tokens_matched": 0,
+            "tokens_loaded": 0,
+            "blocks_failed": 0,
+            "save_waits": 0,
+        }
+        self._save_wait_s = float(extra.get("save_wait_s", DEFAULT_SAVE_WAIT_S))
+        # scheduler: saves asked of the workers, (whole-block tokens, when to stop waiting for
+        # them), and requests waiting for one (request id -> when it began waiting)
+        self._pending_saves: list[tuple[list[int], float]] = []
+        self._waiting: dict[str, float] = {}
         specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
         self._memory_tier = memory_tier_path(name) if MEMORY in specs else None
         if self._memory_tier is not None and role == KVConnectorRole.SCHEDULER:
@@ -268,12 +297,40 @@ class SpeckvConnector(KVConnectorBase_V1):
         if usable <= num_computed_tokens:
             return 0, False
         n = self.store.match(ids[:usable], read=False)
+        if n < usable and self._save_on_its_way(request.request_id, ids[:usable], n):
+            time.sleep(SAVE_POLL_S)
+            return None, False  # vLLM asks again at its next step
         self._matched[request.request_id] = n
         if n <= num_computed_tokens:
             return 0, False
         self._counters["tokens_matched"] += n - num_computed_tokens
         self._need_load[request.request_id] = (num_computed_tokens, ids[:n])
         return n - num_computed_tokens, False
+
+    def _save_on_its_way(self, req_id: str, ids: list[int], n: int) -> bool:
+        """Whether ``req_id`` (its prompt's whole blocks ``ids``, ``n`` tokens of them stored)
+        should wait for a save on its way that holds at least one more of its blocks: saves
+        are forgotten once ``save_wait_s`` has passed since they were asked for, and a request
+        waits at most that long in all."""
+        now = time.monotonic()
+        self._pending_saves = [p for p in self._pending_saves if p[1] > now]
+        began = self._waiting.get(req_id)
+        if began is not None and now - began >= self._save_wait_s:
+            self._stop_waiting(req_id, now)
+            return False
+        more = n + self._block_size
+        if len(ids) >= more and any(len(t) >= more and t[:more] == ids[:more] for t, _ in self._pending_saves):
+            if began is None:
+                self._waiting[req_id] = now
+                self._counters["save_waits"] += 1
+            return True
+        self._stop_waiting(req_id, now)
+        return False
+
+    def _stop_waiting(self, req_id: str, now: float) -> None:
+        began = self._waiting.pop(req_id, None)
+        if began is not None:
+            self._seconds["save_wait_s"] += now - began
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens == 0:
@@ -312,11 +369,16 @@ class SpeckvConnector(KVConnectorBase_V1):
                 whole = len(state["prompt"]) // b
                 meta.saves.append(_Save(req_id, state["prompt"][: whole * b], state["blocks"][:whole]))
                 del self._saving[req_id]
+                if self._save_wait_s > 0 and whole:
+                    deadline = time.monotonic() + self._save_wait_s
+                    kept = self._pending_saves[-(MAX_PENDING_SAVES - 1) :]
+                    self._pending_saves = [*kept, (state["prompt"][: whole * b], deadline)]
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         for table in (self._matched, self._need_load, self._saving):
             table.pop(request.request_id, None)
+        self._stop_waiting(request.request_id, time.monotonic())
         return False, None
 
     # ==============================
