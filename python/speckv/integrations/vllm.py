@@ -54,7 +54,9 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
 - ``stats_file``: a JSON file the worker writes its counters to when it shuts down (and the
   scheduler its own next to it, ``.scheduler.json``): hits, misses, tokens served, bytes,
   evictions, saves dropped, faults, and the seconds the step spent loading and copying
-  blocks out (``load_s``, ``save_copy_s``; the saver's own in ``saver.busy_s``);
+  blocks out (``load_s``, ``save_copy_s``; the saver's own in ``saver.busy_s``) and waiting
+  for a layer (``layer_wait_s``; the loader's own ``loader_busy_s``); the scheduler's:
+  requests that waited for a save on its way (``save_waits``, ``save_wait_s``);
 - ``load_failure``: ``"recompute"`` (default) or ``"fail"``.
 
 Faults never reach the engine: a store that fails, an entry that is damaged, foreign,
