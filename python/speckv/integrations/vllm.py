@@ -42,7 +42,8 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
   the engine leaves idle; None keeps the engine's);
 - ``save_wait_s``: how long a request whose prompt extends a save still on its way to the
   tier (queued or being coded, so not matched yet) waits for it instead of computing those
-  tokens (default 1.0; 0: never). The scheduler asks vLLM to come back to the request
+  tokens (default 1.0, counted from the end of the step that computed the saved blocks; 0:
+  never). The scheduler asks vLLM to come back to the request
   (``get_num_new_matched_tokens`` returns None) until the save shows in the tier's index or
   the time is up: a document asked for again right after its first reading is served from the
   tier, not prefilled twice;
@@ -258,9 +259,12 @@ class SpeckvConnector(KVConnectorBase_V1):
             "save_waits": 0,
         }
         self._save_wait_s = float(extra.get("save_wait_s", DEFAULT_SAVE_WAIT_S))
-        # scheduler: saves asked of the workers, (whole-block tokens, when to stop waiting for
-        # them), and requests waiting for one (request id -> when it began waiting)
-        self._pending_saves: list[tuple[list[int], float]] = []
+        # scheduler: saves asked of the workers, [whole-block tokens, when to stop waiting for
+        # them (None until the step that asked for them has run: the clock starts when the
+        # worker has the blocks, not when the prefill that computes them begins), the step],
+        # and requests waiting for one (request id -> when it began waiting)
+        self._pending_saves: list[list[Any]] = []
+        self._step = 0
         self._waiting: dict[str, float] = {}
         specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
         self._memory_tier = memory_tier_path(name) if MEMORY in specs else None
@@ -312,16 +316,16 @@ class SpeckvConnector(KVConnectorBase_V1):
     def _save_on_its_way(self, req_id: str, ids: list[int], n: int) -> bool:
         """Whether ``req_id`` (its prompt's whole blocks ``ids``, ``n`` tokens of them stored)
         should wait for a save on its way that holds at least one more of its blocks: saves
-        are forgotten once ``save_wait_s`` has passed since they were asked for, and a request
+        are forgotten ``save_wait_s`` after the step that computed their blocks, and a request
         waits at most that long in all."""
         now = time.monotonic()
-        self._pending_saves = [p for p in self._pending_saves if p[1] > now]
+        self._pending_saves = [p for p in self._pending_saves if p[1] is None or p[1] > now]
         began = self._waiting.get(req_id)
         if began is not None and now - began >= self._save_wait_s:
             self._stop_waiting(req_id, now)
             return False
         more = n + self._block_size
-        if len(ids) >= more and any(len(t) >= more and t[:more] == ids[:more] for t, _ in self._pending_saves):
+        if len(ids) >= more and any(len(t) >= more and t[:more] == ids[:more] for t, _, _ in self._pending_saves):
             if began is None:
                 self._waiting[req_id] = now
                 self._counters["save_waits"] += 1
@@ -341,6 +345,11 @@ class SpeckvConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = SpeckvConnectorMetadata()
         b = self._block_size
+        self._step += 1
+        now = time.monotonic()
+        for pending in self._pending_saves:  # asked for in a step that has run since
+            if pending[1] is None and pending[2] < self._step:
+                pending[1] = now + self._save_wait_s
         for new in scheduler_output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids or [])
             blocks = list(new.block_ids[0])
@@ -372,9 +381,8 @@ class SpeckvConnector(KVConnectorBase_V1):
                 meta.saves.append(_Save(req_id, state["prompt"][: whole * b], state["blocks"][:whole]))
                 del self._saving[req_id]
                 if self._save_wait_s > 0 and whole:
-                    deadline = time.monotonic() + self._save_wait_s
                     kept = self._pending_saves[-(MAX_PENDING_SAVES - 1) :]
-                    self._pending_saves = [*kept, (state["prompt"][: whole * b], deadline)]
+                    self._pending_saves = [*kept, [state["prompt"][: whole * b], None, self._step]]
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
