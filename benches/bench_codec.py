@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+import machine
 import ml_dtypes
 import numpy as np
 import predictor_free
@@ -222,7 +223,7 @@ def main() -> None:
         "dtype": "bfloat16",
         "threads_all": threads_all,
         "machine": platform.machine(),
-        "kernels": speckv.kernels(),
+        **machine.describe(),
         "format_version": speckv.FORMAT_VERSION,
     }
 
@@ -305,8 +306,8 @@ def main() -> None:
         ("zipnn (round trip: see below)", res["bits"]["zipnn"]),
     ]
     print(
-        f"workload: {n} bf16 scalars, sigma over two decades, 0.5% outliers; {threads_all} cores; "
-        f"kernels {res['kernels']}; format v{res['format_version']}"
+        f"workload: {n} bf16 scalars, sigma over two decades, 0.5% outliers; format v{res['format_version']}\n"
+        f"on {machine.line()}"
     )
     print(f"{'size':45s} {'bits/scalar':>12s}")
     for name, v in rows:

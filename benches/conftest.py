@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import machine
 import numpy as np
 import pytest
 
@@ -41,6 +42,7 @@ def record(benchmark: Any, rates: dict[str, dict[str, Any]], name: str, scalars:
         return
     best = float(stats.stats.min)
     entry = {"msym_per_s": scalars / best / 1e6, **info}
+    benchmark.extra_info.update(machine.describe())
     benchmark.extra_info.update(entry)
     rates[name] = entry
 
@@ -71,6 +73,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     tr = terminalreporter
     tr.section("speckv: rates and ratios of this run (Msym/s; bits per scalar)")
+    tr.write_line(f"measured on {machine.line()}")
     for name, entry in sorted(_RATES.items()):
         bits = entry.get("bits_per_scalar")
         note = "" if entry.get("exact", True) else "  (round trip NOT exact)"

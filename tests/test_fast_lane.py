@@ -85,6 +85,29 @@ def test_tables_per_channel_group_beat_the_adaptive_lane_and_zstd():
     assert fast < adaptive and fast < one_channel and fast < zstd, (fast, adaptive, one_channel, zstd)
 
 
+@pytest.mark.parametrize("name", LANE_DTYPES)
+@pytest.mark.parametrize("channels", [64, 192, 96])
+def test_a_flattened_cache_codes_as_well_as_its_tensor(name, channels):
+    """A 1-D stream without ``channels=`` gets its period from its words (``speckv._channels``),
+    so flattening a cache (``x.reshape(-1)``) costs at most 2% (issue 36), where one channel
+    per scalar, the old default, cost ~40%; the round trip stays exact."""
+    x = kv_like(3, tokens=1024, channels=channels, dtype=DTYPES[name][0])
+    flat = x.reshape(-1)
+    data = speckv.encode(flat)
+    assert same_bits(speckv.decode(data), flat)
+    assert len(data) <= 1.02 * len(speckv.encode(x)), (len(data), len(speckv.encode(x)))
+    per_scalar = len(speckv.encode(flat, channels=flat.size))
+    assert len(data) < 0.9 * per_scalar
+
+
+def test_a_1d_stream_given_channels_keeps_them_and_a_short_one_is_one_channel():
+    x = kv_like(4, tokens=256, channels=64).reshape(-1)
+    assert speckv.encode(x, channels=64) != speckv.encode(x, channels=1)
+    assert speckv.encode(x) == speckv.encode(x, channels=64)
+    short = x[:40]
+    assert speckv.encode(short) == speckv.encode(short, channels=1)
+
+
 @pytest.mark.parametrize("simd", ["0", "avx2"])
 def test_the_same_output_under_every_kernel(simd):
     """A stream decoded by this process's kernel and by the portable code (``SPECKV_SIMD=0``)

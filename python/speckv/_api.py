@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _arrays, _speckv
+from ._channels import detect_period
 
 THREADS_ENV = "SPECKV_NUM_THREADS"
 
@@ -162,6 +163,19 @@ def _coding_args(x: Any, mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, An
     return (_arrays.words_of(x_np, name), name, shape, *_prediction(mu, sigma, sigma_codes))
 
 
+def kernel_report() -> dict[str, str]:
+    """The kernel each part of the core runs in this process (they differ by CPU and by
+    ``SPECKV_SIMD``; every kernel of a part computes the same bits): the exact model's coder,
+    the bins model's decoder, the fast lane's decoder, the joint sums and the maps' sums.
+    Benchmarks print it beside their figures.
+
+    >>> import speckv
+    >>> sorted(speckv.kernel_report())
+    ['bins', 'exact', 'fast_lane', 'joint', 'maps']
+    """
+    return dict(_speckv.kernel_report())
+
+
 def restore_model(dtype: str, forward_pass: bool = False) -> Model:
     """The model for a stream that is restored often (a prefix store's blocks, an LMCache
     chunk), by the rule the codec's own stores use: ``"bins"`` where no forward pass runs at
@@ -207,7 +221,10 @@ def encode(
     millions of scalars per second per core); ``"adaptive"`` (float32, smaller tensors, and
     older streams) adapts its counts scalar by scalar, slower. Scalar ``i`` is channel ``i % channels``
     (default: the last dimension; for a layout ``[..., tokens, heads, head_dim]`` give
-    ``heads * head_dim``).
+    ``heads * head_dim``). A 1-D `x` (a flattened cache) has no channels to read from its
+    shape: without ``channels=`` its period is found from its words (``speckv._channels``:
+    the period of KV layouts under which its sign and exponent bytes are best predicted; 1
+    where none helps), never one channel per scalar.
 
     `model` picks how predicted scalars are coded (the stream records it; `decode` needs no
     hint): ``"exact"`` integrates the Gaussian mixture over each value's rounding interval
@@ -229,14 +246,15 @@ def encode(
     """
     args = _coding_args(x, mu, sigma, sigma_codes)
     scalars = int(np.prod(args[2], dtype=np.int64))
-    fast = _fast_lane(
-        lane, args[1], predicted=args[3] is not None or args[5] is not None, scalars=scalars, chunk=chunk_size
-    )
+    predicted = args[3] is not None or args[5] is not None
+    fast = _fast_lane(lane, args[1], predicted=predicted, scalars=scalars, chunk=chunk_size)
     default_chunk = _speckv.FAST_LANE_CHUNK_SCALARS if fast else _speckv.DEFAULT_CHUNK_SCALARS
     if channels is not None and (
         isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1
     ):
         raise ValueError(f"channels: expected a positive int, got {channels!r}")
+    if channels is None and len(args[2]) <= 1 and not predicted:
+        channels = detect_period(args[0])
     return _speckv.encode(
         *args,
         threads=resolve_threads(threads),

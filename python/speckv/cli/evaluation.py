@@ -65,10 +65,11 @@ def add_eval_arguments(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--modes", default="bf16,fp8", help="cache storage dtypes to test (bf16, fp16, fp8)")
     p.add_argument(
         "--coder",
-        choices=("exact", "bins"),
-        default="exact",
-        help="how residuals are coded: the exact model (smallest) or the bins model (static tables, "
-        "several times faster to decode)",
+        choices=("auto", "exact", "bins"),
+        default="auto",
+        help="how residuals are coded: auto (default: what compress picks, the bins model for 16-bit "
+        "caches of the statistics predictor, else the exact model), the exact model (smallest) or the "
+        "bins model (static tables, several times faster to decode)",
     )
     p.add_argument("--threads", type=int, default=None, help="coder threads (default: all cores)")
     p.add_argument("--recalibrate", action="store_true", help="ignore a cached calibration")
@@ -133,5 +134,5 @@ def evaluate_args(args: argparse.Namespace, codec: SpeculativeCodec, held_out: l
         progress=not args.json,
         producer=producer(args),
         repeat=args.repeat,
-        coder=args.coder,
+        coder=None if args.coder == "auto" else args.coder,
     )

@@ -59,6 +59,8 @@ def print_result(args: argparse.Namespace, result: dict[str, Any], per_layer: bo
     print("b/s = bits per scalar, container included; ref ideal = a single Gaussian around the predictor's mu with")
     print("the codec's sigma, integrated over each value's rounding interval in float64, floored at 2^-24;")
     print("raw = 16 (bf16) / 8 (fp8); restore = all that decompress costs, predictor included")
+    coders = ", ".join(f"{mode} {m.get('coder', '?')}" for mode, m in result["modes"].items())
+    print(f"residuals coded with the {coders} model (--coder)")
     if per_layer:
         print()
         print(layer_table(result))

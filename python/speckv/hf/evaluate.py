@@ -101,6 +101,7 @@ class _Totals:
     restore_s: float = 0.0
     raw_bytes: int = 0
     exact: bool = True
+    coder: str = ""
 
     @classmethod
     def zeros(cls, n_layers: int) -> _Totals:
@@ -119,7 +120,7 @@ def evaluate(
     progress: bool = False,
     producer: Callable[[Any, torch.Tensor], KV] | None = None,
     repeat: int = 1,
-    coder: _api.Model = "exact",
+    coder: _api.Model | None = None,
 ) -> dict[str, Any]:
     """Compresses the model's cache of every prompt in every mode, checks the exact round trip,
     and returns sizes (per layer and K/V), the reference ideal, zstd, and timings.
@@ -129,7 +130,7 @@ def evaluate(
     or engine gets). Times are relative to the model's own prefill of the same prompt:
     ``restore`` is everything ``decompress`` costs, predictor included; each is the fastest of
     ``repeat`` runs. ``coder``: the model the residuals are coded with (``speckv.encode``'s
-    ``model``)."""
+    ``model``; default: what ``compress`` picks, ``SpeculativeCodec.restore_model``)."""
     layerwise = is_layerwise(codec.predictor)
     cal = codec._calibration()
     params = codec.params
@@ -156,7 +157,9 @@ def evaluate(
         for mode in modes:
             acc = per_mode[mode]
             pred, t_pred = (whole, 0.0) if whole is not None else _timed(repeat, codec.prediction, true, ids, mode)
-            data, t_enc = _timed(repeat, codec.compress_predicted, true, ids, pred, mode, threads=threads, model=coder)
+            model = coder or codec.restore_model(mode)
+            data, t_enc = _timed(repeat, codec.compress_predicted, true, ids, pred, mode, threads=threads, model=model)
+            acc.coder = model
             restored, t_dec = _timed(
                 repeat, codec.decompress, data, ids, threads=threads, dequantize=False, prediction=whole
             )
@@ -227,6 +230,7 @@ def evaluate(
         raw_bits = 16.0 if mode != "fp8" else 8.0
         out: dict[str, Any] = {
             "exact_round_trip": acc.exact,
+            "coder": acc.coder,
             "bits_per_scalar": {
                 "K": float(acc.coded_bits[:, 0].sum() / acc.scalars[:, 0].sum()),
                 "V": float(acc.coded_bits[:, 1].sum() / acc.scalars[:, 1].sum()),

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from .. import _api
 from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..store import Backend, StoreError, unpack_entry
 from .architecture import UnsupportedModelError, layer_windows, text_config
@@ -92,7 +91,7 @@ class PrefixStore(BlockChain):
         self.dtype = dtype
         self.threads = threads
         # statistics run no forward pass at restore: the coder is all of it (`restore_model`)
-        self._model = _api.restore_model(dtype, forward_pass=self._walker is not None)
+        self._model = codec.restore_model(dtype)
 
     # -- writing -----------------------------------------------------------------------
     def put(self, input_ids: torch.Tensor, cache: Any) -> int:

@@ -708,6 +708,12 @@ fn kernels() -> &'static str {
     speckv::kernels()
 }
 
+/// The kernel each part of the core runs here (`speckv::kernel_report`), as (part, kernel).
+#[pyfunction]
+fn kernel_report() -> Vec<(&'static str, &'static str)> {
+    speckv::kernel_report().to_vec()
+}
+
 /// A calibrated integer linear map (`speckv::linear_map`): the layer-wise predictor's maps,
 /// the same bits on every machine, SIMD width and thread count.
 #[pyclass(name = "LinearMap", module = "speckv._speckv", frozen)]
@@ -815,6 +821,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(relative_sigma_codes, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_report, m)?)?;
     m.add_function(wrap_pyfunction!(container_write, m)?)?;
     m.add_function(wrap_pyfunction!(stream_join, m)?)?;
     m.add_function(wrap_pyfunction!(entry_checksum, m)?)?;

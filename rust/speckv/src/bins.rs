@@ -723,6 +723,16 @@ impl<'a> Decoder<'a> {
     }
 }
 
+/// Which kernel decodes the bins model here: `"avx512"` or `"portable"` (same output;
+/// `SPECKV_SIMD=0` or `avx2` forces the portable code).
+pub fn kernel() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if avx512::enabled() {
+        return "avx512";
+    }
+    "portable"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,7 +41,7 @@ pub struct EncodeOptions {
     /// (`crate::fast_lane`, format version 3) instead of the adaptive model.
     pub fast_lane: bool,
     /// Scalars per channel cycle: scalar `i` is channel `i mod period` for the predictor-free
-    /// contexts (`None`: the last dimension).
+    /// contexts (`None`: the last dimension of a tensor of two or more, 1 for a 1-D stream).
     pub context_period: Option<u32>,
 }
 
@@ -180,6 +180,9 @@ fn stream_model(
     let period = match options.context_period {
         Some(0) => return invalid("context period must be at least 1"),
         Some(p) => p as usize,
+        // a 1-D stream has no channel dimension: one channel, never one per scalar (the
+        // Python API finds a flattened cache's period from its words: `speckv._channels`)
+        None if shape.len() < 2 => 1,
         None => shape.last().copied().unwrap_or(1).max(1) as usize,
     };
     let mut model = StreamModel::new(dtype, params, kind, period.min(DEFAULT_RAW_CONTEXTS), period);

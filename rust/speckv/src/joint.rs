@@ -370,6 +370,16 @@ unsafe fn sum_wide(s: &Sum, mu: &[f32], out: &mut [f32]) {
     sum_tiles::<WIDE_TILE>(s, mu, out)
 }
 
+/// Which kernel computes the joint sums here: `"avx512"` or `"portable"` (the same bits,
+/// invariant J1).
+pub fn kernel() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if wide_kernels() {
+        return "avx512";
+    }
+    "portable"
+}
+
 #[cfg(target_arch = "x86_64")]
 fn wide_kernels() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();

@@ -49,3 +49,17 @@ pub use exact::tables::{exact_tables, ExactTables};
 pub use prediction::{Prediction, SigmaCodes};
 pub use token_scale::TokenScale;
 pub use words::{Bits, BitsMut, Word};
+
+/// The kernel each part of the core runs in this process, by part: the exact model's coder,
+/// the bins model's decoder, the fast lane's decoder, the joint sums and the maps' integer
+/// sums. Every kernel of a part computes the same bits; benchmarks print these beside their
+/// figures, since speeds differ by kernel and CPU.
+pub fn kernel_report() -> [(&'static str, &'static str); 5] {
+    [
+        ("exact", exact::kernels()),
+        ("bins", bins::kernel()),
+        ("fast_lane", fast_lane::kernel()),
+        ("joint", joint::kernel()),
+        ("maps", linear_map::kernel_name()),
+    ]
+}

@@ -1,0 +1,282 @@
+"""Where a restore's time goes, per predictor: the model's prefix forward pass, the maps, the
+coding parameters (mu and sigma codes), the core's decode calls (joint sums and coder), the
+residuals handed between K and V, copies and the rest, each as a share of the restore and
+against the model's own prefill of the same prompt.
+
+    python benches/profile_restore.py                       # prefix, map, stats; bf16
+    python benches/profile_restore.py --predictors stats --coder bins --json out.json
+    python benches/profile_restore.py --perf                # and the core's symbols (perf)
+
+The phases are wall time on the restoring thread (functions wrapped for the run; nothing in
+the package changes). With ``--perf`` (Linux ``perf``, software clock) the core's own time is
+split by symbol: joint sums (``joint::``), coder (``decode``/``bins``/``exact``), token scale.
+Demo model, held-out text of another genre (``legal``) by default; run it alone."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import machine
+
+
+class Phases:
+    """Wall time per named phase on the thread that runs the restore (nested phases count in
+    the innermost only)."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.stack: list[list[Any]] = []
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            now = time.perf_counter()
+            if self.stack:
+                outer = self.stack[-1]
+                self.total[outer[0]] += now - outer[1]
+            self.stack.append([name, now])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                self.total[name] += end - self.stack.pop()[1]
+                self.calls[name] += 1
+                if self.stack:
+                    self.stack[-1][1] = end
+
+        return timed
+
+    def reset(self) -> None:
+        self.total.clear()
+        self.calls.clear()
+
+
+@contextlib.contextmanager
+def instrumented(phases: Phases) -> Iterator[None]:
+    """The restore path's functions wrapped with ``phases`` (restored on exit)."""
+    from speckv import _api
+    from speckv.hf import coding_params, decode_walk, early_exit, target
+
+    patches = [
+        (_api, "decode", "core decode (joint sums + coder)"),
+        (_api, "residuals", "residuals (K for V)"),
+        (coding_params.CodingParams, "coding", "coding params (mu, sigma codes)"),
+        (coding_params.CodingParams, "joint_model", "joint model arrays"),
+        (coding_params.CodingParams, "observed", "observed (to float)"),
+        (early_exit.ModelPrefixPredictor, "map_predict", "maps"),
+        (early_exit._PrefixRun, "wait", "forward pass (waited for)"),
+        (target, "channel_major", "copies (channel-major)"),
+        (decode_walk, "join", "copies (join blocks)"),
+        (decode_walk, "channel_major", "copies (channel-major)"),
+    ]
+    saved = []
+    for owner, attr, name in patches:
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
+        setattr(owner, attr, phases.wrap(name, fn))
+    # the walk's predict of a prefix layer waits for the forward pass: its own phase
+    run_predict = early_exit._PrefixRun.predict
+
+    def predict(self: Any, layer: int, which: int) -> Any:
+        name = "forward pass (waited for)" if layer < self.p.layers else "maps (walk)"
+        return phases.wrap(name, run_predict)(self, layer, which)
+
+    early_exit._PrefixRun.predict = predict  # type: ignore[method-assign]
+    saved.append((early_exit._PrefixRun, "predict", run_predict))
+    try:
+        yield
+    finally:
+        for owner, attr, fn in reversed(saved):
+            setattr(owner, attr, fn)
+
+
+def perf_symbols(script_args: list[str]) -> dict[str, float] | None:
+    """The core's self time by symbol group over the restores (``perf record`` with a
+    control fifo: only the timed restores are sampled); None without perf."""
+    import shutil
+
+    if shutil.which("perf") is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        ctl, ack, data = (os.path.join(d, n) for n in ("ctl", "ack", "perf.data"))
+        os.mkfifo(ctl)
+        os.mkfifo(ack)
+        cmd = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4000", "-D", "-1"]
+        cmd += [f"--control=fifo:{ctl},{ack}", "-o", data, sys.executable, __file__, *script_args]
+        subprocess.run(cmd, check=True, env={**os.environ, "SPECKV_PROFILE_CTL": f"{ctl},{ack}"})
+        rep = subprocess.run(
+            ["perf", "report", "-i", data, "--stdio", "--no-children", "--sort", "dso,symbol", "-q"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    groups: dict[str, float] = defaultdict(float)
+    for line in rep.splitlines():
+        parts = line.split()
+        if not parts or not parts[0].endswith("%"):
+            continue
+        share = float(parts[0].rstrip("%"))
+        dso, sym = parts[1], " ".join(parts[3:])
+        groups[symbol_group(dso, sym)] += share
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def symbol_group(dso: str, sym: str) -> str:
+    """A perf sample's group: the core's kernels by module, torch, python, the rest."""
+    if "_speckv" in dso:
+        for key, name in (
+            ("joint", "core: joint sums"),
+            ("token_scale", "core: token scale"),
+            ("bins", "core: bins coder"),
+            ("exact", "core: exact coder"),
+            ("fast_lane", "core: fast lane"),
+            ("residual", "core: residuals"),
+            ("linear_map", "core: maps (integer sums)"),
+            ("sigma", "core: sigma codes"),
+            ("decoder", "core: range decoder"),
+            ("model", "core: model tables"),
+        ):
+            if key in sym:
+                return name
+        return "core: other (" + sym[:60] + ")"
+    if "torch" in dso or "libgomp" in dso or "mkl" in dso or "dnnl" in dso:
+        return "torch"
+    if "python" in dso:
+        return "python"
+    return dso
+
+
+def control(cmd: str) -> None:
+    """Enables/disables perf sampling when run under ``perf_symbols``."""
+    spec = os.environ.get("SPECKV_PROFILE_CTL")
+    if not spec:
+        return
+    ctl, ack = spec.split(",")
+    with open(ctl, "w") as f:
+        f.write(cmd + "\n")
+    with open(ack) as f:
+        f.read(5)
+
+
+def profile(predictor: str, coder: str, mode: str, text: str, seq: int, repeat: int) -> dict[str, Any]:
+    import argparse as ap
+
+    import torch
+
+    from speckv.cli.calibration_cache import calibrated_codec
+    from speckv.cli.common import text as bundled
+    from speckv.hf import extract_kv, load_demo_model
+    from speckv.hf.cache import other_kernels, prefill
+    from speckv.hf.demo import prompts
+
+    model, tokenizer = load_demo_model()
+    torch.set_num_threads(os.cpu_count() or 1)
+    args = ap.Namespace(
+        calibration=None,
+        calibration_text=None,
+        samples=32,
+        seq_len=512,
+        block_size=None,
+        predictor=predictor,
+        recalibrate=False,
+        json=True,
+    )
+    codec = calibrated_codec(args, model, tokenizer, "SmolLM2-135M-Instruct")[0]
+    ids = prompts(tokenizer, bundled(text), seq, 1)[0]
+    best_prefill = min(_timed(lambda: prefill(model, ids)) for _ in range(repeat))
+    cache = other_kernels(model, ids)
+    data = codec.compress(cache, ids, mode, model=coder)
+    scalars = sum(t.numel() for pair in extract_kv(cache) for t in pair)
+    codec.decompress(data, ids, dequantize=False)  # warm: maps built, tables made
+    phases = Phases()
+    runs = []
+    with instrumented(phases):
+        control("enable")
+        for _ in range(repeat):
+            phases.reset()
+            t = time.perf_counter()
+            back = codec.decompress(data, ids, dequantize=False)
+            wall = time.perf_counter() - t
+            runs.append((wall, dict(phases.total), dict(phases.calls)))
+        control("disable")
+    for layer, pair in enumerate(extract_kv(cache)):
+        for which, true in enumerate(pair):
+            want = codec.params.stored(mode, layer, which, true)
+            got = extract_kv(back)[layer][which]
+            word = torch.int16 if want.element_size() == 2 else torch.uint8
+            if not torch.equal(want.view(word), got.view(word)):
+                raise AssertionError(f"layer {layer} {'KV'[which]}: the restore is not exact")
+    wall, total, calls = min(runs, key=lambda r: r[0])
+    named = sum(total.values())
+    shares = {name: s for name, s in sorted(total.items(), key=lambda kv: -kv[1])}
+    shares["other (python walk, torch glue)"] = max(wall - named, 0.0)
+    return {
+        "predictor": predictor,
+        "coder": coder,
+        "mode": mode,
+        "tokens": int(ids.numel()),
+        "scalars": int(scalars),
+        "bits_per_scalar": len(data) * 8 / scalars,
+        "prefill_s": best_prefill,
+        "restore_s": wall,
+        "restore_over_prefill": wall / best_prefill,
+        "decode_msym_per_s_core": scalars / total.get("core decode (joint sums + coder)", float("nan")) / 1e6,
+        "phases_s": shares,
+        "calls": calls,
+    }
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--predictors", default="prefix,map,stats")
+    p.add_argument("--coder", default="exact", choices=("exact", "bins"))
+    p.add_argument("--mode", default="bf16")
+    p.add_argument("--text", default="legal")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--perf", action="store_true", help="split the core's time by symbol with Linux perf")
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args()
+    out = {**machine.describe(), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    for predictor in a.predictors.split(","):
+        r = profile(predictor, a.coder, a.mode, a.text, a.seq_len, a.repeat)
+        if a.perf and not os.environ.get("SPECKV_PROFILE_CTL"):
+            argv = ["--predictors", predictor, "--coder", a.coder, "--mode", a.mode, "--text", a.text]
+            argv += ["--seq-len", str(a.seq_len), "--repeat", str(a.repeat)]
+            r["perf_self_percent"] = perf_symbols(argv)
+        out["runs"].append(r)
+        if os.environ.get("SPECKV_PROFILE_CTL"):
+            continue
+        print(
+            f"\n{predictor} ({a.coder}, {a.mode}, {r['tokens']} tokens, {a.text}) on {machine.line()}:\n  "
+            f"{r['bits_per_scalar']:.3f} b/s, restore {r['restore_s'] * 1e3:.0f} ms = "
+            f"{r['restore_over_prefill']:.2f}x the prefill ({r['prefill_s'] * 1e3:.0f} ms)"
+        )
+        for name, s in r["phases_s"].items():
+            print(f"  {name:40s} {s * 1e3:8.1f} ms  {s / r['restore_s']:6.1%}  {s / r['prefill_s']:.3f}x prefill")
+        for name, pct in (r.get("perf_self_percent") or {}).items():
+            if pct >= 0.5:
+                print(f"    perf {name:50s} {pct:5.1f}%")
+    if a.json and not os.environ.get("SPECKV_PROFILE_CTL"):
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
