@@ -343,3 +343,21 @@ def test_token_scale_knobs_are_checked():
     joint = speckv.Joint(2, 8, np.zeros((1, 2, 2), np.float32), np.ones((1, 2), np.float32), token_scale=(4, 25))
     with pytest.raises(TypeError, match="TokenScale"):
         speckv.encode(x, np.zeros_like(x, np.float32), np.ones((2, 1), np.float32), chunk_size=16, joint=joint)
+
+
+def test_a_forked_child_codes_with_its_own_threads():
+    """The core keeps its thread pools between calls (``rust/speckv/src/parallel.rs``): a child
+    forked after the parent used them builds its own and codes the same bytes."""
+    import multiprocessing
+
+    x = np.random.default_rng(5).standard_normal((64, 4096)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    want = speckv.encode(x, threads=2, chunk_size=4096)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_encode_in_child, (x,))
+    assert got == want
+    assert same_bits(speckv.decode(got, threads=2), x)
+
+
+def _encode_in_child(x: np.ndarray) -> bytes:
+    return speckv.encode(x, threads=2, chunk_size=4096)

@@ -542,19 +542,7 @@ fn relative_sigma_codes<'py>(
         )));
     }
     let codes = py
-        .allow_threads(|| {
-            let mut codes = Vec::with_capacity(mu.len());
-            // one row = one token of one head: its channels line up with s and r's row
-            for (row_index, row) in mu.chunks_exact(dim).enumerate() {
-                let h = row_index / tokens % heads;
-                let (s_row, r_row) = (&s[h * dim..(h + 1) * dim], &r[h * dim..(h + 1) * dim]);
-                for ((&m, &sc), &rc) in row.iter().zip(s_row).zip(r_row) {
-                    let scaled = rc * m;
-                    codes.push(ladder::sigma_code((sc * sc + scaled * scaled).sqrt())?);
-                }
-            }
-            Ok::<Vec<i16>, Error>(codes)
-        })
+        .allow_threads(|| ladder::relative_codes(mu, s, r, heads, tokens, dim))
         .map_err(|e| SpeckvError::new_err(format!("sigma: {e}")))?;
     Ok(PyArray1::from_vec(py, codes))
 }

@@ -40,6 +40,41 @@ pub fn normal_sigma_code(sigma: f32) -> i32 {
     STEPS_PER_OCTAVE * ((bits >> 23) as i32 - 127) + step
 }
 
+/// Per-scalar codes of a relative sigma, `sigma_code(sqrt(s^2 + (r mu)^2))` with correctly
+/// rounded float32 steps (the same codes on every machine): `mu` is `[.., heads, tokens, dim]`
+/// and `s`, `r` are `[heads, dim]`. The loop over a row vectorises (`normal_sigma_code`); a
+/// sigma that is not a positive normal float32 takes `sigma_code`'s path (and its error).
+pub fn relative_codes(mu: &[f32], s: &[f32], r: &[f32], heads: usize, tokens: usize, dim: usize) -> Result<Vec<i16>> {
+    let mut codes = vec![0i16; mu.len()];
+    let mut odd = false;
+    // one row = one token of one head: its channels line up with s and r's row
+    for (row_index, (row, out)) in mu.chunks_exact(dim).zip(codes.chunks_exact_mut(dim)).enumerate() {
+        let h = row_index / tokens % heads;
+        let (s_row, r_row) = (&s[h * dim..(h + 1) * dim], &r[h * dim..(h + 1) * dim]);
+        for (((o, &m), &sc), &rc) in out.iter_mut().zip(row).zip(s_row).zip(r_row) {
+            let scaled = rc * m;
+            let sigma = (sc * sc + scaled * scaled).sqrt();
+            odd |= !sigma.is_normal();
+            *o = normal_sigma_code(sigma).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16;
+        }
+    }
+    if odd {
+        // zero, subnormal or not finite somewhere: those scalars as `sigma_code` says
+        for (row_index, (row, out)) in mu.chunks_exact(dim).zip(codes.chunks_exact_mut(dim)).enumerate() {
+            let h = row_index / tokens % heads;
+            let (s_row, r_row) = (&s[h * dim..(h + 1) * dim], &r[h * dim..(h + 1) * dim]);
+            for (((o, &m), &sc), &rc) in out.iter_mut().zip(row).zip(s_row).zip(r_row) {
+                let scaled = rc * m;
+                let sigma = (sc * sc + scaled * scaled).sqrt();
+                if !sigma.is_normal() {
+                    *o = sigma_code(sigma)?;
+                }
+            }
+        }
+    }
+    Ok(codes)
+}
+
 /// `2^(r/8)` for `r = 0..8`, from the pure-Rust libm (identical on every platform).
 fn eighth_octave_roots() -> &'static [f64; 8] {
     static ROOTS: std::sync::OnceLock<[f64; 8]> = std::sync::OnceLock::new();
@@ -153,6 +188,36 @@ impl ScaleMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_codes_are_sigma_code_of_each_scalar() {
+        let (heads, tokens, dim) = (3usize, 5usize, 4usize);
+        let mut seed = 3u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let unit = (seed >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+            (unit * 20.0 - 10.0) * 0.01f32.powi((seed & 3) as i32)
+        };
+        let s: Vec<f32> = (0..heads * dim).map(|_| next().abs() + 1e-3).collect();
+        let r: Vec<f32> = (0..heads * dim).map(|_| next().abs()).collect();
+        let mut mu: Vec<f32> = (0..2 * heads * tokens * dim).map(|_| next()).collect();
+        let reference = |mu: &[f32]| -> Result<Vec<i16>> {
+            mu.iter()
+                .enumerate()
+                .map(|(k, &m)| {
+                    let h = k / dim / tokens % heads;
+                    let (sc, rc) = (s[h * dim + k % dim], r[h * dim + k % dim]);
+                    sigma_code((sc * sc + (rc * m) * (rc * m)).sqrt())
+                })
+                .collect()
+        };
+        assert_eq!(relative_codes(&mu, &s, &r, heads, tokens, dim).unwrap(), reference(&mu).unwrap());
+        // a sigma that underflows to zero or overflows is an error, as in sigma_code
+        let (tiny, zero) = (vec![1e-30f32; heads * dim], vec![0f32; heads * dim]);
+        assert!(relative_codes(&mu, &tiny, &zero, heads, tokens, dim).is_err());
+        mu[7] = f32::INFINITY;
+        assert!(relative_codes(&mu, &s, &r, heads, tokens, dim).is_err());
+    }
 
     #[test]
     fn thresholds_match_libm() {
