@@ -254,8 +254,10 @@ class SpeculativeCodec:
         """The model residuals are coded with by default (``speckv.restore_model``'s rule): the
         bins model for 16-bit caches of a predictor that runs no forward pass at restore (the
         statistics predictor: the coder is the whole restore), the exact model for every
-        predictor that runs the model (issue 36's profile: with the default predictor the bins
-        model saves 0.06x the prefill for 1.8% more bits, with ``map`` 0.02x for 0.8%)."""
+        predictor that runs the model (the README's restore profile, demo model on AMD: the
+        bins model would restore the default predictor's cache 0.1x the prefill sooner for 1.8%
+        more bits, ``map``'s 0.18x sooner for 0.8%: layer by layer, it costs most where the
+        model's own layers predict). ``compress(model=...)`` overrides it."""
         forward_pass = not isinstance(self.predictor, ChannelStatsPredictor)
         return _api.restore_model(dtype, forward_pass=forward_pass)
 

@@ -11,8 +11,11 @@ from typing import cast
 
 import torch
 
-from .. import _api, _speckv
+from .. import _speckv
 
+# The maps' products are small (a layer's tokens x ~1k features): on one thread, torch's
+# workers do not linger spinning on the cores the decoder needs next (see ``decode_walk.quiet_torch``).
+MAP_THREADS = 1
 # The maps run as integer sums in the speckv core (``speckv._speckv.LinearMap``, invariant M1
 # of ``linear_map.rs``): the same prediction on every machine, SIMD width and thread count.
 # Features are quantised to 16-bit integers with a power-of-two scale per feature that puts
@@ -73,10 +76,7 @@ def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -
 def apply_map(m: _speckv.LinearMap, x: torch.Tensor) -> torch.Tensor:
     """An integer map on ``x`` (``[rows, features]``): ``[rows, outputs]`` float32."""
     x = x.float().contiguous()
-    # on every core (the core's threads, not torch's: the same bits for any count, and the
-    # pools are kept between calls): a map layer's sums took 0.2x the prefill on one core
-    # of a 2-core AMD EPYC, 0.14x on both (issue 36's profile)
-    y = m.apply(x.reshape(-1).numpy(), int(x.shape[0]), _api.resolve_threads(None))
+    y = m.apply(x.reshape(-1).numpy(), int(x.shape[0]), MAP_THREADS)
     return torch.from_numpy(y).reshape(x.shape[0], m.outputs)
 
 

@@ -47,32 +47,46 @@ pub fn normal_sigma_code(sigma: f32) -> i32 {
 pub fn relative_codes(mu: &[f32], s: &[f32], r: &[f32], heads: usize, tokens: usize, dim: usize) -> Result<Vec<i16>> {
     let mut codes = vec![0i16; mu.len()];
     let mut odd = false;
+    each_relative_sigma(mu, s, r, heads, tokens, dim, &mut codes, |code, sigma| {
+        odd |= !sigma.is_normal();
+        *code = normal_sigma_code(sigma).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16;
+        Ok(())
+    })?;
+    if odd {
+        // zero, subnormal or not finite somewhere: those scalars as `sigma_code` says
+        each_relative_sigma(mu, s, r, heads, tokens, dim, &mut codes, |code, sigma| {
+            if !sigma.is_normal() {
+                *code = sigma_code(sigma)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(codes)
+}
+
+/// `f(code slot, sqrt(s^2 + (r mu)^2))` for every scalar of `mu`, in order.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn each_relative_sigma(
+    mu: &[f32],
+    s: &[f32],
+    r: &[f32],
+    heads: usize,
+    tokens: usize,
+    dim: usize,
+    codes: &mut [i16],
+    mut f: impl FnMut(&mut i16, f32) -> Result<()>,
+) -> Result<()> {
     // one row = one token of one head: its channels line up with s and r's row
     for (row_index, (row, out)) in mu.chunks_exact(dim).zip(codes.chunks_exact_mut(dim)).enumerate() {
         let h = row_index / tokens % heads;
         let (s_row, r_row) = (&s[h * dim..(h + 1) * dim], &r[h * dim..(h + 1) * dim]);
-        for (((o, &m), &sc), &rc) in out.iter_mut().zip(row).zip(s_row).zip(r_row) {
+        for (((code, &m), &sc), &rc) in out.iter_mut().zip(row).zip(s_row).zip(r_row) {
             let scaled = rc * m;
-            let sigma = (sc * sc + scaled * scaled).sqrt();
-            odd |= !sigma.is_normal();
-            *o = normal_sigma_code(sigma).clamp(SIGMA_CODE_MIN, SIGMA_CODE_MAX) as i16;
+            f(code, (sc * sc + scaled * scaled).sqrt())?;
         }
     }
-    if odd {
-        // zero, subnormal or not finite somewhere: those scalars as `sigma_code` says
-        for (row_index, (row, out)) in mu.chunks_exact(dim).zip(codes.chunks_exact_mut(dim)).enumerate() {
-            let h = row_index / tokens % heads;
-            let (s_row, r_row) = (&s[h * dim..(h + 1) * dim], &r[h * dim..(h + 1) * dim]);
-            for (((o, &m), &sc), &rc) in out.iter_mut().zip(row).zip(s_row).zip(r_row) {
-                let scaled = rc * m;
-                let sigma = (sc * sc + scaled * scaled).sqrt();
-                if !sigma.is_normal() {
-                    *o = sigma_code(sigma)?;
-                }
-            }
-        }
-    }
-    Ok(codes)
+    Ok(())
 }
 
 /// `2^(r/8)` for `r = 0..8`, from the pure-Rust libm (identical on every platform).
