@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import sys
@@ -60,6 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 from bench_vllm import _calibration, _folder, add_engine_options  # noqa: E402
+from machine import cpu_model  # noqa: E402
 from vllm_driver import Engine  # noqa: E402
 
 CODECS = ("raw", "none", "stats", "map")
@@ -69,13 +69,6 @@ FREE = {"raw", "none"}
 # tokens), so that budget 1.0 holds the raw working set whole at any block size
 RAW_ENTRY_OVERHEAD = 24 + 16 + 24
 SMALLEST_BLOCK = 16
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def long_doc_qa(ids: list[int], args: argparse.Namespace) -> tuple[dict[str, Any], int, int]:
