@@ -43,7 +43,7 @@ def test_any_patterns_round_trip_against_any_prediction(name, data, chunk, threa
     mu = as_dtype(data.draw(bit_arrays(word, shape=x.shape)), name).astype(np.float32)
     sigma = data.draw(st.sampled_from([1e-30, 1e-6, 0.01, 1.0, 1e4, 1e30]))
     stream = speckv.encode(x, mu, sigma, model="bins", chunk_size=chunk, threads=threads)
-    assert speckv.info(stream)["model"] == "bins" and speckv.info(stream)["version"] == 3
+    assert speckv.info(stream)["model"] == "bins" and speckv.info(stream)["version"] == speckv.BINS_VERSION
     assert same_bits(speckv.decode(stream, mu, sigma, threads=2), x)
 
 
@@ -62,11 +62,11 @@ def test_bits_stay_close_to_the_exact_model(name):
     x, mu, sigma = channels_like(4, tokens=2048, dtype=DTYPES[name][0])
     bins = len(speckv.encode(x, mu, sigma, model="bins"))
     exact = len(speckv.encode(x, mu, sigma))
-    # measured here: +0.4% bf16, +0.1% fp16; fp8 +7% (e4m3) / +10% (e5m2): its coarse grid
-    # puts the far-from-zero channels where the format's spacing, not sigma, sets the bins,
-    # which the exact model integrates and the bins model takes as uniform (on the demo
-    # model's caches, fp8 costs +1.2%)
-    assert bins < exact * (1.01 if name in ("bfloat16", "float16") else 1.15), (bins, exact)
+    # measured here (version 4): +0.05% bf16, +0.06% fp16; fp8 +4.1% (e4m3) / +3.5% (e5m2):
+    # its coarse grid puts the far-from-zero channels where the format's spacing, not sigma,
+    # sets the bins, and near binade edges a bin of the finer spacing below holds a value of
+    # the coarser one above or none (version 3: +0.4%, +0.1%, +7%, +10%)
+    assert bins < exact * (1.005 if name in ("bfloat16", "float16") else 1.06), (bins, exact)
     assert bins > exact * 0.97  # the exact model is the smallest: a big win here would be a bug
 
 
@@ -129,12 +129,13 @@ def _golden_case():
 
 
 def test_golden_streams_freeze_the_bins_format():
-    """A change here is a format change: bump FAST_LANE_VERSION and keep reading the old ones."""
+    """A change here is a format change: bump BINS_VERSION and keep reading the old ones (the
+    version-3 streams are ``tests/goldens/v3/``)."""
     digests = [xxhash.xxh3_64_hexdigest(speckv.encode(x, mu, s, model="bins")) for x, mu, s in _golden_case()]
     assert digests == GOLDEN_BINS, digests
 
 
-GOLDEN_BINS = ["ffc94d8c5837680f", "b478a1f5ef54782a", "4a8657d779ed93fc"]
+GOLDEN_BINS = ["e92c589f48655572", "5e84de5a22979e4e", "bb10f420fdf5dc9c"]
 
 
 @pytest.mark.parametrize("simd", ["0", "avx2"])

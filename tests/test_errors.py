@@ -87,6 +87,23 @@ def forge(stream: bytes, edit) -> bytes:
     return bytes(header) + struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(header))) + stream[end + 8 :]
 
 
+def test_the_fast_lane_versions_are_told_apart():
+    """Version 3 holds predictor-free fast-lane streams and the bins model's first revision
+    (32 states), version 4 the bins model's second (16 states): a stream relabelled across
+    them is refused with a typed error, never decoded by the other revision's rule."""
+    x, pred, _ = small_case()
+    bins = speckv.encode(x, *pred, model="bins", chunk_size=32)
+    free = speckv.encode(x, lane="fast", chunk_size=32)
+    assert (speckv.info(bins)["version"], speckv.info(free)["version"]) == (speckv.BINS_VERSION, 3)
+    version = lambda v: lambda h: h.__setitem__(slice(4, 6), struct.pack("<H", v))  # noqa: E731
+    with pytest.raises(speckv.UnsupportedStreamError, match="16 coder lanes per chunk; .* 32 in a version-3"):
+        speckv.decode(forge(bins, version(3)), *pred)
+    with pytest.raises(speckv.CorruptStreamError, match="version-4 stream is coded with the bins model"):
+        speckv.decode(forge(free, version(4)))
+    with pytest.raises(speckv.UnsupportedStreamError, match="32 coder lanes per chunk; .* 16 in a version-4"):
+        speckv.decode(forge(bins, lambda h: h.__setitem__(10, 32)), *pred)
+
+
 def test_forged_checksum_is_accepted_when_nothing_changed():
     x, pred, stream = small_case()
     assert forge(stream, lambda h: None) == stream
@@ -121,12 +138,13 @@ def test_huge_shape_is_refused_without_allocating():
 
 def test_unknown_version_and_flags():
     _, pred, stream = small_case()
-    for version in (0, speckv.FAST_LANE_VERSION + 1):
+    for version in (0, speckv.BINS_VERSION + 1):
         with pytest.raises(speckv.UnsupportedStreamError, match=f"format version {version}"):
             speckv.decode(stream[:4] + struct.pack("<H", version) + stream[6:], *pred)
     # version 3 is the fast lane's: a stream claiming it without the flag (or the reverse) is forged
-    with pytest.raises(speckv.CorruptStreamError, match="fast-lane flag clear"):
-        speckv.decode(forge(stream, lambda h: h.__setitem__(slice(4, 6), struct.pack("<H", 3))), *pred)
+    for version in (3, speckv.BINS_VERSION):
+        with pytest.raises(speckv.CorruptStreamError, match="fast-lane flag clear"):
+            speckv.decode(forge(stream, lambda h, v=version: h.__setitem__(slice(4, 6), struct.pack("<H", v))), *pred)
     with pytest.raises(speckv.UnsupportedStreamError, match="16 coder lanes"):
         speckv.decode(forge(stream, lambda h: h.__setitem__(10, 16)), *pred)
     with pytest.raises(speckv.CorruptStreamError, match="reserved"):

@@ -1,8 +1,9 @@
 """Format goldens: multi-chunk streams of every dtype and model, and a cache container per
 layout, written from fixed seeds and committed as files (``tests/goldens/``).
 
-The rule, enforced here: while ``speckv.FORMAT_VERSION`` and ``speckv.FAST_LANE_VERSION`` are
-the ones recorded in ``goldens/manifest.json``, the encoder writes every golden byte for byte;
+The rule, enforced here: while ``speckv.FORMAT_VERSION``, ``speckv.FAST_LANE_VERSION`` and
+``speckv.BINS_VERSION`` are the ones recorded in ``goldens/manifest.json``, the encoder writes
+every golden byte for byte;
 a change that alters a golden is a format change, so it bumps a version, and then the files
 written under the old one must still decode (they always must). Regenerating the files is a
 deliberate act: ``python tests/test_goldens.py --write`` (and only with a version bump).
@@ -96,9 +97,10 @@ def _manifest() -> dict:
 
 def test_the_encoder_writes_every_golden_while_the_versions_stand():
     manifest = _manifest()
-    if (manifest["format_version"], manifest["fast_lane_version"]) != (
+    if (manifest["format_version"], manifest["fast_lane_version"], manifest["bins_version"]) != (
         speckv.FORMAT_VERSION,
         speckv.FAST_LANE_VERSION,
+        speckv.BINS_VERSION,
     ):
         pytest.skip("the format version moved on: the files below are read, no longer written")
     made = cases()
@@ -106,7 +108,7 @@ def test_the_encoder_writes_every_golden_while_the_versions_stand():
     changed = [name for name, (data, _) in made.items() if data != (HERE / f"{name}.spkv").read_bytes()]
     assert not changed, (
         f"{changed}: the encoder no longer writes these goldens. That is a format change: bump "
-        "FORMAT_VERSION (or FAST_LANE_VERSION), keep decoding the old streams, then regenerate "
+        "FORMAT_VERSION (or FAST_LANE_VERSION, BINS_VERSION), keep decoding the old streams, then regenerate "
         "(python tests/test_goldens.py --write)"
     )
 
@@ -159,6 +161,21 @@ def test_version_1_streams_from_the_version_1_code_decode(name):
     assert np.array_equal(np.asarray(y).view(word), x.view(word))
 
 
+# Bins-model streams of version 3 (the first revision, written by this file's cases before
+# version 4; moved here from the goldens above when version 4 replaced them): name -> dtype, seed
+V3_BINS = {f"v3-{dtype}-bins": (dtype, 100 + i) for i, dtype in enumerate(DTYPES) if dtype != "f32"}
+
+
+@pytest.mark.parametrize("name", sorted(V3_BINS))
+def test_version_3_bins_streams_decode(name):
+    data = (HERE / "v3" / f"{name}.spkv").read_bytes()
+    dtype, seed = V3_BINS[name]
+    assert speckv.info(data)["version"] == 3 and speckv.info(data)["model"] == "bins"
+    x, mu, sigma = _case(dtype, seed)
+    word = {1: np.uint8, 2: np.uint16}[x.dtype.itemsize]
+    assert np.array_equal(np.asarray(speckv.decode(data, mu, sigma)).view(word), x.view(word))
+
+
 def write() -> None:
     HERE.mkdir(exist_ok=True)
     for old in HERE.glob("*.spkv"):
@@ -169,6 +186,7 @@ def write() -> None:
     manifest = {
         "format_version": speckv.FORMAT_VERSION,
         "fast_lane_version": speckv.FAST_LANE_VERSION,
+        "bins_version": speckv.BINS_VERSION,
         "files": {name: how for name, (_, how) in sorted(made.items())},
     }
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

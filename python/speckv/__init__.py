@@ -32,6 +32,7 @@ from ._api import (
 )
 from ._arrays import SUPPORTED_DTYPES
 from ._speckv import (
+    BINS_VERSION,
     FAST_LANE_VERSION,
     FORMAT_VERSION,
     ChecksumError,
@@ -45,6 +46,7 @@ from ._speckv import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BINS_VERSION",
     "FAST_LANE_VERSION",
     "FORMAT_VERSION",
     "SUPPORTED_DTYPES",

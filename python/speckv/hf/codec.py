@@ -252,14 +252,11 @@ class SpeculativeCodec:
 
     def restore_model(self, dtype: str) -> _api.Model:
         """The model residuals are coded with by default (``speckv.restore_model``'s rule): the
-        bins model for 16-bit caches of a predictor that runs no forward pass at restore (the
-        statistics predictor: the coder is the whole restore), the exact model for every
-        predictor that runs the model (the README's restore profile, demo model on AMD: the
-        bins model would restore the default predictor's cache 0.1x the prefill sooner for 1.8%
-        more bits, ``map``'s 0.18x sooner for 0.8%: layer by layer, it costs most where the
-        model's own layers predict). ``compress(model=...)`` overrides it."""
-        forward_pass = not isinstance(self.predictor, ChannelStatsPredictor)
-        return _api.restore_model(dtype, forward_pass=forward_pass)
+        bins model for 16-bit caches, whatever the predictor (demo model, AMD: +0.30% bits
+        with the default predictor, its restore ~0.2x the prefill sooner; +0.23% with ``map``,
+        +0.09% with statistics), the exact model for fp8 (where bins cost 1-3% and decode no
+        faster). ``compress(model=...)`` overrides it."""
+        return _api.restore_model(dtype)
 
     def _codes_on_gpu(self, kv: KV, prediction: KV) -> bool:
         """Whether the GPU coder (``speckv.hf.cuda.encode``) codes this cache: it and its

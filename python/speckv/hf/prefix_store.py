@@ -90,7 +90,7 @@ class PrefixStore(BlockChain):
         self._walker = codec.predictor if isinstance(codec.predictor, ModelPrefixPredictor) else None
         self.dtype = dtype
         self.threads = threads
-        # statistics run no forward pass at restore: the coder is all of it (`restore_model`)
+        # the bins model for 16-bit caches, the exact one for fp8 (`restore_model`)
         self._model = codec.restore_model(dtype)
 
     # -- writing -----------------------------------------------------------------------

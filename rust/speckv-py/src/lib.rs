@@ -831,6 +831,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PredictionMismatchError", py.get_type::<PredictionMismatchError>())?;
     m.add("FORMAT_VERSION", speckv::format::FORMAT_VERSION)?;
     m.add("FAST_LANE_VERSION", speckv::format::header::FAST_LANE_VERSION)?;
+    m.add("BINS_VERSION", speckv::format::header::BINS_VERSION)?;
     m.add("CONTAINER_VERSION", speckv::format::CONTAINER_VERSION)?;
     m.add("DEFAULT_CHUNK_SCALARS", speckv::codec::DEFAULT_CHUNK_SCALARS)?;
     m.add("LINEAR_MAP_MAX_SHIFT", speckv::linear_map::MAX_SHIFT)?;

@@ -1,6 +1,8 @@
 //! The bins model: predicted scalars of 8- and 16-bit formats coded from static tables with
 //! interleaved rANS, so that decoding a scalar is integer steps and table lookups, no CDF
-//! (format version 3: `FLAG_PREDICTED | FLAG_FAST_LANE`; the model is named `"bins"`).
+//! (`FLAG_PREDICTED | FLAG_FAST_LANE`; the model is named `"bins"`). Two revisions, one per
+//! format version (`Revision`): version 3 as first written, version 4 (what this build
+//! writes) with B1's rounding shift, classes down to sigma = w / 16 and 16 rANS states.
 //!
 //! The exact model (`model::mixture`) integrates its mixture over each pattern's rounding
 //! interval, scalar by scalar, and decodes by searching the CDF. The bins model instead cuts
@@ -16,11 +18,21 @@
 //!   `mu`'s binary exponent (float32 field; none for zero and subnormals), `M` the format's
 //!   mantissa bits and `E_MIN`/`E_MAX` its smallest and largest normal exponent: bins are a
 //!   quarter to an eighth of sigma wide, never finer than the format's spacing at `mu`. Then
-//!   `q = floor(mu * 2^(3 - e))` (exact, from `mu`'s bits), `base = q >> 3`, the phase
-//!   `q & 7`, the class `clamp(c - 8 e, CLASS_MIN, CLASS_MAX)` (sigma over `w` in eighths of
-//!   an octave) and the table: `(class - CLASS_MIN) * 8 + phase` below `CLASS_UNPHASED`, one
-//!   table per class from there on (the phases' average). A non-finite `mu` places nothing: its
-//!   scalar is its raw pattern in the bit stream, with no rANS step.
+//!   `q = floor(mu * 2^(3 - e))` (exact, from `mu`'s bits); in version 4, where the format's
+//!   spacing at `mu`, `s = 2^max(E(mu) - M, 1 - bias - M)`, is `w`, `w / 2` or `w / 4`, `q`
+//!   moves by `s / 2` (4, 2 or 1 eighths of a bin) away from zero on `mu`'s side (the rounding
+//!   shift, below). `base = q >> 3`, the phase `q & 7`, the class
+//!   `clamp(c - 8 e, class_min, CLASS_MAX)` (sigma over `w` in eighths of an octave;
+//!   `class_min` is -16 in version 3, -32 in version 4) and the table:
+//!   `(class - class_min) * 8 + phase` below `CLASS_UNPHASED`, one table per class from there
+//!   on (the phases' average). A non-finite `mu` places nothing: its scalar is its raw pattern
+//!   in the bit stream, with no rANS step.
+//!
+//!   Why the shift: a table gives bin `b` the mass of `[b w, (b + 1) w)` around `mu`, but the
+//!   values the bin holds are what the real line rounds to, `[b w - s / 2, (b + 1) w - s / 2)`
+//!   on the positive side (mirrored on the negative). Where a bin holds one value (`w = s`, a
+//!   prediction within an ulp or so) version 3's tables are half a bin off: a scalar predicted
+//!   exactly cost a bit. Moving `mu` by `s / 2` makes the table's interval the values' own.
 //! * **B2 (the bin).** Bin `b >= 0` holds the values in `[b w, (b + 1) w)`, bin `b < 0` their
 //!   negatives, `(-(|b|) w, -(|b| - 1) w]`. The symbol is `k = b - base + HALF` when
 //!   `0 <= k < 2 HALF` and the table gives it a frequency; anything else (and every NaN or
@@ -31,13 +43,17 @@
 //!   exponent below `w`'s as `d` zero bits and a one, then the `M` mantissa bits; depths of
 //!   `DEPTH_MAX` or more as `DEPTH_MAX` zero bits and the pattern's magnitude bits. Uniform
 //!   density makes the unary depth exactly the right code.
-//! * **B4 (the coder).** rANS with 32 states as in the fast lane (`fast_lane` F1, without raw
-//!   bits in the slot): scalar `j` of a chunk (a step only where B1 placed it) goes to state
-//!   `j mod STATES`; states live in `[2^16, 2^32)`, one 16-bit word at most per step, the
-//!   encoder runs backwards; the decoder renormalises scalar by scalar in increasing `j`, so
-//!   words are read in scalar order (the AVX-512 decoder steps sixteen scalars `j .. j + 16`,
-//!   `j` a multiple of 16, and takes their words in lane order: the same words in the same
-//!   order; raw bits too are read in scalar order). Tables sum to `2^PRECISION`, the
+//! * **B4 (the coder).** rANS with `S` states (32 in version 3, as in the fast lane; 16 in
+//!   version 4) as in the fast lane (`fast_lane` F1, without raw bits in the slot): scalar `j`
+//!   of a chunk (a step only where B1 placed it) goes to state `j mod S`; states live in
+//!   `[2^16, 2^32)`, one 16-bit word at most per step, the encoder runs backwards; the decoder
+//!   renormalises scalar by scalar in increasing `j`, so words are read in scalar order (the
+//!   AVX-512 decoder steps sixteen scalars `j .. j + 16`, `j` a multiple of 16, and takes their
+//!   words in lane order: the same words in the same order; raw bits too are read in scalar
+//!   order). Each state ends a chunk as 4 bytes of which the first 16 bits carry nothing (the
+//!   decoder must end at `2^16`): with 32 states that was 0.03 bits per scalar of a 24,576-scalar
+//!   chunk (one layer of a 128-token block of the demo model), which 16 states halve; the
+//!   decoder is no slower (its time goes to B1 and B3, not the states' chains). Tables sum to `2^PRECISION`, the
 //!   escape's frequency is `ESCAPE_FREQ` (so every step costs > 2^-12 / ln 2 bits: the
 //!   header's scalars-per-byte bound holds), every slot decodes to a symbol with a frequency.
 //! * **B5 (the ends).** Every state starts at `2^16` and the decoder must end with every state
@@ -51,7 +67,7 @@
 //!
 //! ```text
 //! offset  size        field
-//! 0       4 * STATES  the encoder's final states (u32 each)
+//! 0       4 * S       the encoder's final states (u32 each)
 //! ..      4           n: the rANS words (u32)
 //! ..      2 * n       the words (u16 each), in the order the decoder reads them
 //! ..      ..          the raw bits, in scalar order, least significant bit of each byte first
@@ -68,8 +84,8 @@ use crate::words::Word;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Interleaved rANS states per chunk (the header's lanes byte: the fast lane's count).
-pub const STATES: usize = 32;
+/// The most interleaved rANS states of a chunk (version 3's; the fast lane's count).
+const STATES: usize = 32;
 const _: () = assert!(STATES == crate::fast_lane::STATES);
 /// log2 of every table's total frequency.
 pub const PRECISION: u32 = 14;
@@ -82,15 +98,13 @@ const SYMBOLS: usize = ESCAPE + 1;
 const ESCAPE_FREQ: u32 = 4;
 const PHASE_BITS: u32 = 3;
 const PHASES: usize = 1 << PHASE_BITS;
-/// Classes: sigma / w from 2^-2 (the format's spacing is 4x sigma) to just under 2^3.
-const CLASS_MIN: i32 = -16;
+/// Classes: sigma / w from 2^(class_min / 8) (version 3: 2^-2, the format's spacing is 4x
+/// sigma; version 4: 2^-4) to just under 2^3.
 const CLASS_MAX: i32 = 8 * BINS_PER_SIGMA_LOG2 + 7;
 /// Classes from here up (sigma at least `2^BINS_PER_SIGMA_LOG2` bins, where the phase moves the
 /// distribution by less than a quarter sigma) share one table over every phase: a run of one
 /// channel then reads one table, which stays in the first-level cache.
 const CLASS_UNPHASED: i32 = 8 * BINS_PER_SIGMA_LOG2;
-const PHASED_TABLES: usize = (CLASS_UNPHASED - CLASS_MIN) as usize * PHASES;
-pub const TABLES: usize = PHASED_TABLES + (CLASS_MAX - CLASS_UNPHASED + 1) as usize;
 /// B3's deepest unary depth.
 const DEPTH_MAX: u32 = 16;
 /// Bins get a frequency while they lie within this many wide-component sigmas.
@@ -98,8 +112,47 @@ const SUPPORT_WIDE_SIGMAS: f64 = 4.0;
 const LOW: u32 = 1 << 16;
 /// A step's placeholder in the encoder's list: B1 placed nothing there.
 const NO_STEP: u32 = u32::MAX;
-/// The smallest payload: the states and the word count.
-pub const MIN_CHUNK_LEN: usize = 4 * STATES + 4;
+
+/// What a bins stream's format version fixes beyond the mixture's weights (B1, B4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Revision {
+    /// The format version of the streams coded this way.
+    pub version: u16,
+    /// B1's lowest class.
+    class_min: i32,
+    /// B1's rounding shift.
+    rounding: bool,
+    /// B4's rANS states per chunk (the header's lanes byte), a power of two up to `STATES`.
+    pub states: usize,
+}
+
+/// Version 3: no rounding shift, classes from sigma = w / 4, 32 states.
+pub const V3: Revision = Revision { version: 3, class_min: -16, rounding: false, states: 32 };
+/// Version 4: what this build writes.
+pub const V4: Revision = Revision { version: 4, class_min: -32, rounding: true, states: 16 };
+/// The revision `encode` writes.
+pub const CURRENT: Revision = V4;
+
+impl Revision {
+    /// The revision of a format version (`None`: no bins stream has it).
+    pub fn of_version(version: u16) -> Option<Revision> {
+        [V3, V4].into_iter().find(|r| r.version == version)
+    }
+
+    /// The smallest payload: the states and the word count.
+    pub fn min_chunk_len(self) -> usize {
+        4 * self.states + 4
+    }
+
+    fn phased_tables(self) -> usize {
+        (CLASS_UNPHASED - self.class_min) as usize * PHASES
+    }
+
+    /// Tables of this revision (B1).
+    pub fn tables(self) -> usize {
+        self.phased_tables() + (CLASS_MAX - CLASS_UNPHASED + 1) as usize
+    }
+}
 
 /// A format's fields (B1, B3).
 #[derive(Debug, Clone, Copy)]
@@ -148,7 +201,7 @@ impl Place {
 
 /// B1.
 #[inline(always)]
-fn place(l: Layout, mu: f32, code: i16) -> Option<Place> {
+fn place(l: Layout, r: Revision, mu: f32, code: i16) -> Option<Place> {
     let bits = mu.to_bits();
     let f = ((bits >> 23) & 0xFF) as i32;
     if f == 0xFF {
@@ -164,11 +217,23 @@ fn place(l: Layout, mu: f32, code: i16) -> Option<Place> {
     // floors; a left shift is exact (bounded: larger q only ever escape)
     let sh = f.max(1) - 150 + PHASE_BITS as i32 - e;
     let q = if sh >= 0 { signed << sh.min(30) } else { signed >> (-sh).min(63) };
-    let class = (code - 8 * e).clamp(CLASS_MIN, CLASS_MAX);
-    let table = if class >= CLASS_UNPHASED {
-        PHASED_TABLES + (class - CLASS_UNPHASED) as usize
+    // the rounding shift: `w / s` is 1, 2 or 4 where `d` is 0, 1 or 2 (finer: below a phase)
+    let d = e - e_ulp.max(1 - l.bias - l.m as i32);
+    let q = if r.rounding && (0..=2).contains(&d) {
+        let shift = 4i64 >> d;
+        if bits >> 31 != 0 {
+            q - shift
+        } else {
+            q + shift
+        }
     } else {
-        (class - CLASS_MIN) as usize * PHASES + (q & 7) as usize
+        q
+    };
+    let class = (code - 8 * e).clamp(r.class_min, CLASS_MAX);
+    let table = if class >= CLASS_UNPHASED {
+        r.phased_tables() + (class - CLASS_UNPHASED) as usize
+    } else {
+        (class - r.class_min) as usize * PHASES + (q & 7) as usize
     };
     Some(Place { fw: e + l.bias, base: q >> PHASE_BITS, table })
 }
@@ -226,9 +291,10 @@ impl Coding {
     }
 }
 
-/// Every table (B4), both sides' views.
+/// Every table of a revision (B4), both sides' views.
 #[derive(Debug)]
 pub struct BinTables {
+    revision: Revision,
     /// Per table, `2^PRECISION` slots: the symbol of each.
     lut: Vec<u8>,
     /// Per (table, symbol): `freq | start << 16`.
@@ -265,25 +331,34 @@ fn quantize(masses: &[f64], total: u32) -> Vec<u32> {
 }
 
 impl BinTables {
-    /// The tables for `params`' mixture, built on first use and then shared.
-    pub fn shared(params: &ModelParams) -> Arc<BinTables> {
-        static CACHE: crate::model::ParamsCache<BinTables> = OnceLock::new();
-        crate::model::shared(&CACHE, params, || BinTables::build(params))
+    /// The tables of `revision` for `params`' mixture, built on first use and then shared.
+    pub fn shared(params: &ModelParams, revision: Revision) -> Arc<BinTables> {
+        static CACHE_V3: crate::model::ParamsCache<BinTables> = OnceLock::new();
+        static CACHE_V4: crate::model::ParamsCache<BinTables> = OnceLock::new();
+        let cache = if revision == V3 { &CACHE_V3 } else { &CACHE_V4 };
+        crate::model::shared(cache, params, || BinTables::build(params, revision))
     }
 
-    pub fn build(params: &ModelParams) -> BinTables {
+    pub fn build(params: &ModelParams, revision: Revision) -> BinTables {
+        let r = revision;
         let (wn, ww) = (params.weight_narrow as f64, params.weight_wide as f64);
         let wide = params.wide_factor as f64;
         let mix = |z: f64| (wn * normal_cdf(z) + ww * normal_cdf(z / wide)) / (wn + ww);
         let support = SUPPORT_WIDE_SIGMAS * wide;
         let slots = 1usize << PRECISION;
         // 4 bytes past the last slot: the vector decoder reads each slot as a 4-byte gather
-        let mut lut = vec![0u8; TABLES * slots + 4];
-        let mut entries = vec![0u32; TABLES * SYMBOLS];
-        let mut coding = vec![Coding::default(); TABLES * SYMBOLS];
+        let mut lut = vec![0u8; r.tables() * slots + 4];
+        let mut entries = vec![0u32; r.tables() * SYMBOLS];
+        let mut coding = vec![Coding::default(); r.tables() * SYMBOLS];
         let mut h = Hasher::new();
         for v in [PRECISION, BINS_PER_SIGMA_LOG2 as u32, HALF as u32, ESCAPE_FREQ, DEPTH_MAX] {
             h.update(&v.to_le_bytes());
+        }
+        // version 3's digest is what its streams carry: only later revisions add their rule
+        if r != V3 {
+            for v in [r.version as u32, r.class_min as u32, r.rounding as u32, r.states as u32] {
+                h.update(&v.to_le_bytes());
+            }
         }
         // bin k's mass at the middle of each phase; `class`: sigma / w in eighths of an octave
         let masses = |class: i32, phase: usize| -> Vec<f64> {
@@ -302,12 +377,12 @@ impl BinTables {
                 })
                 .collect()
         };
-        for t in 0..TABLES {
-            let masses: Vec<f64> = if t < PHASED_TABLES {
-                masses(CLASS_MIN + (t / PHASES) as i32, t % PHASES)
+        for t in 0..r.tables() {
+            let masses: Vec<f64> = if t < r.phased_tables() {
+                masses(r.class_min + (t / PHASES) as i32, t % PHASES)
             } else {
                 // the average over the phases (a bin's mass where the phase is not looked at)
-                let class = CLASS_UNPHASED + (t - PHASED_TABLES) as i32;
+                let class = CLASS_UNPHASED + (t - r.phased_tables()) as i32;
                 let all: Vec<Vec<f64>> = (0..PHASES).map(|p| masses(class, p)).collect();
                 (0..all[0].len()).map(|k| all.iter().map(|m| m[k]).sum::<f64>() / PHASES as f64).collect()
             };
@@ -324,11 +399,15 @@ impl BinTables {
                 start += f;
             }
         }
-        BinTables { lut, entries, coding, digest: h.finish() }
+        BinTables { revision, lut, entries, coding, digest: h.finish() }
     }
 
     pub fn digest(&self) -> u64 {
         self.digest
+    }
+
+    pub fn revision(&self) -> Revision {
+        self.revision
     }
 }
 
@@ -421,7 +500,7 @@ fn decode_one(
     m: f32,
     c: i16,
 ) -> u32 {
-    let Some(p) = place(l, m, c) else {
+    let Some(p) = place(l, tables.revision, m, c) else {
         cur.j += 1;
         return raw.read_at(&mut cur.at, l.width);
     };
@@ -432,7 +511,9 @@ fn decode_one(
 /// B4's decoding step of scalar `cur.j` with `table`; returns the symbol.
 #[inline(always)]
 fn step(tables: &BinTables, words: &[u8], states: &mut [u32; STATES], cur: &mut Cursor, table: usize) -> usize {
-    let s = states[cur.j % STATES];
+    // `states` is a power of two (`Revision`)
+    let lane = cur.j & (tables.revision.states - 1);
+    let s = states[lane];
     let slot = s & ((1u32 << PRECISION) - 1);
     let symbol = tables.lut[(table << PRECISION) | slot as usize] as usize;
     let e = tables.entries[table * SYMBOLS + symbol];
@@ -443,7 +524,7 @@ fn step(tables: &BinTables, words: &[u8], states: &mut [u32; STATES], cur: &mut 
         Some(b) => u16::from_le_bytes([b[0], b[1]]) as u32,
         None => 0,
     };
-    states[cur.j % STATES] = if need { next << 16 | word } else { next };
+    states[lane] = if need { next << 16 | word } else { next };
     cur.pos += need as usize;
     cur.j += 1;
     symbol
@@ -517,10 +598,10 @@ impl Encoder {
 
     /// The next scalars `x`, against `mu` and their sigma codes.
     pub fn run<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
-        let l = self.layout;
+        let (l, r) = (self.layout, self.tables.revision);
         for ((&xw, &m), &c) in x.iter().zip(mu).zip(codes) {
             let w = xw.to_u32();
-            let Some(p) = place(l, m, c) else {
+            let Some(p) = place(l, r, m, c) else {
                 self.steps.push(NO_STEP);
                 self.bits.put(w, l.width);
                 continue;
@@ -546,14 +627,15 @@ impl Encoder {
 
     /// The chunk's payload (B4, the layout in the module doc).
     pub fn finish(self) -> Vec<u8> {
-        let mut state = [LOW; STATES];
+        let r = self.tables.revision;
+        let mut state = vec![LOW; r.states];
         let mut words: Vec<u16> = Vec::with_capacity(self.steps.len() + 1);
         for (j, &step) in self.steps.iter().enumerate().rev() {
             if step == NO_STEP {
                 continue;
             }
             let code = self.tables.coding[step as usize];
-            let s = &mut state[j % STATES];
+            let s = &mut state[j % r.states];
             if *s >= code.limit {
                 words.push(*s as u16);
                 *s >>= 16;
@@ -562,7 +644,7 @@ impl Encoder {
             *s = (q << PRECISION) + (*s - q * code.freq) + code.start;
         }
         let raw = self.bits.finish();
-        let mut out = Vec::with_capacity(MIN_CHUNK_LEN + 2 * words.len() + raw.len());
+        let mut out = Vec::with_capacity(r.min_chunk_len() + 2 * words.len() + raw.len());
         for s in state {
             out.extend_from_slice(&s.to_le_bytes());
         }
@@ -583,6 +665,7 @@ fn bad(msg: impl Into<String>) -> Error {
 pub struct Decoder<'a> {
     layout: Layout,
     tables: &'a BinTables,
+    /// The revision's `S` states first (`STATES` at most).
     states: [u32; STATES],
     words: &'a [u8],
     pos: usize,
@@ -599,18 +682,19 @@ pub struct Decoder<'a> {
 impl<'a> Decoder<'a> {
     pub fn new(dtype: DType, tables: &'a BinTables, bytes: &'a [u8]) -> Result<Decoder<'a>> {
         let layout = Layout::of(dtype).ok_or_else(|| bad(format!("{} is not an 8- or 16-bit format", dtype.name())))?;
-        if bytes.len() < MIN_CHUNK_LEN {
+        let r = tables.revision;
+        if bytes.len() < r.min_chunk_len() {
             return Err(bad("the chunk is shorter than its states"));
         }
-        let mut states = [0u32; STATES];
-        for (s, b) in states.iter_mut().zip(bytes.chunks_exact(4)) {
+        let mut states = [LOW; STATES];
+        for (s, b) in states[..r.states].iter_mut().zip(bytes.chunks_exact(4)) {
             *s = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             if *s < LOW {
                 return Err(bad("a coder state below its range"));
             }
         }
-        let n = u32::from_le_bytes(bytes[4 * STATES..MIN_CHUNK_LEN].try_into().unwrap()) as usize;
-        let rest = &bytes[MIN_CHUNK_LEN..];
+        let n = u32::from_le_bytes(bytes[4 * r.states..r.min_chunk_len()].try_into().unwrap()) as usize;
+        let rest = &bytes[r.min_chunk_len()..];
         if n > rest.len() / 2 {
             return Err(bad(format!("{n} words in {} bytes", rest.len())));
         }
@@ -685,7 +769,8 @@ impl<'a> Decoder<'a> {
         let n = out.len();
         let places = &mut self.places;
         places.clear();
-        places.extend(mu.iter().zip(codes).map(|(&m, &c)| place(l, m, c).unwrap_or(Place::NONE)));
+        let r = self.tables.revision;
+        places.extend(mu.iter().zip(codes).map(|(&m, &c)| place(l, r, m, c).unwrap_or(Place::NONE)));
         let symbols = &mut self.symbols;
         symbols.clear();
         symbols.resize(n, 0);
@@ -745,8 +830,14 @@ mod tests {
         }
     }
 
-    fn roundtrip<W: Word + PartialEq + std::fmt::Debug>(dtype: DType, x: &[W], mu: &[f32], codes: &[i16]) -> usize {
-        let tables = BinTables::shared(&ModelParams::default());
+    fn roundtrip<W: Word + PartialEq + std::fmt::Debug>(
+        r: Revision,
+        dtype: DType,
+        x: &[W],
+        mu: &[f32],
+        codes: &[i16],
+    ) -> usize {
+        let tables = BinTables::shared(&ModelParams::default(), r);
         let mut enc = Encoder::new(dtype, tables.clone(), x.len()).unwrap();
         let cut = x.len() / 3;
         enc.run(&x[..cut], &mu[..cut], &codes[..cut]);
@@ -775,8 +866,14 @@ mod tests {
 
     #[test]
     fn tables_sum_to_the_precision_and_every_slot_has_a_symbol() {
-        let t = BinTables::shared(&ModelParams::default());
-        for table in 0..TABLES {
+        for r in [V3, V4] {
+            tables_are_whole(r);
+        }
+    }
+
+    fn tables_are_whole(r: Revision) {
+        let t = BinTables::shared(&ModelParams::default(), r);
+        for table in 0..r.tables() {
             let row = &t.entries[table * SYMBOLS..(table + 1) * SYMBOLS];
             let sum: u32 = row.iter().map(|e| e & 0xFFFF).sum();
             assert_eq!(sum, 1 << PRECISION, "table {table}");
@@ -806,15 +903,43 @@ mod tests {
                 })
                 .collect();
             let codes: Vec<i16> = (0..n).map(|_| (next() % 2040) as i16 - 1016).collect();
-            roundtrip(dtype, &x, &mu, &codes);
+            for r in [V3, V4] {
+                roundtrip(r, dtype, &x, &mu, &codes);
+            }
         }
         for dtype in [DType::Float8E4M3Fn, DType::Float8E5M2] {
             let n = 256 * 40;
             let x: Vec<u8> = (0..n).map(|i| i as u8).collect();
             let mu: Vec<f32> = (0..n).map(|i| ((i / 256) as f32 - 20.0) * 0.37).collect();
             let codes: Vec<i16> = (0..n).map(|i| ((i / 256) as i16 - 20) * 5).collect();
-            roundtrip(dtype, &x, &mu, &codes);
+            for r in [V3, V4] {
+                roundtrip(r, dtype, &x, &mu, &codes);
+            }
         }
+    }
+
+    /// B1's rounding shift: scalars predicted to well within an ulp (a model's own layer
+    /// recomputed by other kernels) cost next to nothing in version 4; version 3's tables put
+    /// the value's bin half a bin off and paid most of a bit for each.
+    #[test]
+    fn exact_predictions_cost_next_to_nothing_from_version_4() {
+        let mut next = lcg(12);
+        let n = 1 << 16;
+        let x: Vec<u16> = (0..n).map(|_| (0x3C00 + (next() % 0x0800) as u16) | ((next() % 2) << 15) as u16).collect();
+        // mu within a sixteenth of an ulp of the value, sigma a sixteenth of an ulp
+        let mu: Vec<f32> = x
+            .iter()
+            .map(|&w| {
+                let v = f32::from_bits((w as u32) << 16);
+                v + v.abs() * ((next() % 17) as f32 - 8.0) / (8.0 * 16.0 * 128.0)
+            })
+            .collect();
+        let codes: Vec<i16> =
+            mu.iter().map(|&m| crate::model::ladder::sigma_code(m.abs() / (16.0 * 128.0)).unwrap()).collect();
+        let v3 = roundtrip(V3, DType::BFloat16, &x, &mu, &codes) as f64 * 8.0 / n as f64;
+        let v4 = roundtrip(V4, DType::BFloat16, &x, &mu, &codes) as f64 * 8.0 / n as f64;
+        assert!(v4 < 0.05, "version 4: {v4} bits per scalar");
+        assert!(v3 > 0.5, "version 3: {v3} bits per scalar");
     }
 
     #[test]
@@ -831,20 +956,28 @@ mod tests {
                 (v.to_bits().wrapping_add(0x7FFF + ((v.to_bits() >> 16) & 1)) >> 16) as u16
             })
             .collect();
-        let bits = roundtrip(DType::BFloat16, &x, &mu, &codes) as f64 * 8.0 / n as f64;
         // the sample's own entropy (an underestimate of the source's at this sample size)
         let mut counts = std::collections::HashMap::new();
         for &w in &x {
             *counts.entry(w).or_insert(0u32) += 1;
         }
         let entropy: f64 = counts.values().map(|&c| -(c as f64 / n as f64) * (c as f64 / n as f64).log2()).sum();
-        assert!(bits < entropy + 0.15, "{bits} bits per scalar, entropy {entropy}");
-        assert!(bits > entropy - 0.01, "{bits} bits per scalar, entropy {entropy}");
+        for r in [V3, V4] {
+            let bits = roundtrip(r, DType::BFloat16, &x, &mu, &codes) as f64 * 8.0 / n as f64;
+            assert!(bits < entropy + 0.15, "{bits} bits per scalar, entropy {entropy}");
+            assert!(bits > entropy - 0.01, "{bits} bits per scalar, entropy {entropy}");
+        }
     }
 
     #[test]
     fn damaged_chunks_are_refused_or_decode_without_panicking() {
-        let tables = BinTables::shared(&ModelParams::default());
+        for r in [V3, V4] {
+            damaged_chunks_of(r);
+        }
+    }
+
+    fn damaged_chunks_of(r: Revision) {
+        let tables = BinTables::shared(&ModelParams::default(), r);
         let mut next = lcg(4);
         let n = 3000;
         let x: Vec<u16> = (0..n).map(|_| next() as u16).collect();
@@ -854,7 +987,7 @@ mod tests {
         enc.run(&x, &mu, &codes);
         let bytes = enc.finish();
         let mut out = vec![0u16; n];
-        for cut in [0, 10, MIN_CHUNK_LEN, bytes.len() / 2, bytes.len() - 1] {
+        for cut in [0, 10, r.min_chunk_len(), bytes.len() / 2, bytes.len() - 1] {
             let r = Decoder::new(DType::BFloat16, &tables, &bytes[..cut]).and_then(|mut d| {
                 d.run(&mut out, &mu, &codes);
                 d.finish()

@@ -43,9 +43,10 @@ pub const LANES_V1: usize = 2;
 ///   around the float32 prediction; within 0.2% of the continuous ideal, whatever the ratio of
 ///   sigma to the format's spacing. Choose it to store caches: it is the smallest.
 /// * `Bins` (8/16-bit formats): the same mixture at a quarter to an eighth of sigma's
-///   resolution, from static tables with interleaved rANS (`crate::bins`, format version 3);
-///   decodes several times faster than `Exact` for a few hundredths of a bit per scalar.
-///   Choose it where a restore waits on the coder (no forward pass: statistics, maps).
+///   resolution, from static tables with interleaved rANS (`crate::bins`, format version 4;
+///   version 3 is still read); decodes several times faster than `Exact` for a few thousandths
+///   of a bit per scalar plus ~0.016 bits per scalar of a 24,576-scalar chunk (its rANS states).
+///   Choose it where a restore waits on the coder.
 /// * `Fast`: residuals counted in ulps of the prediction rounded to the format, coded from
 ///   81 precomputed tables; a little faster to decode (~1.25x with the exact model's AVX2
 ///   kernels, ~2x without them), a few percent larger where sigma spans binades (values near
@@ -141,7 +142,9 @@ impl StreamModel {
                 scales: ScaleMap::new(dtype, &params),
                 grid: (dtype.bits() <= 16).then(|| ValueGrid::shared(dtype)),
             },
-            ModelKind::Bins => PredictedModel::Bins { tables: crate::bins::BinTables::shared(&params) },
+            ModelKind::Bins => {
+                PredictedModel::Bins { tables: crate::bins::BinTables::shared(&params, crate::bins::CURRENT) }
+            }
         };
         StreamModel {
             dtype,

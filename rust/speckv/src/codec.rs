@@ -469,13 +469,21 @@ fn write_stream<'a>(
     let predicted = flags & FLAG_PREDICTED != 0;
     let fast = flags & FLAG_FAST_LANE != 0;
     let mut header = Header {
-        version: if fast { FAST_LANE_VERSION } else { crate::format::FORMAT_VERSION },
+        version: match (fast, predicted) {
+            (true, true) => bins::CURRENT.version,
+            (true, false) => FAST_LANE_VERSION,
+            (false, _) => crate::format::FORMAT_VERSION,
+        },
         flags: flags | if options.torch_hint { FLAG_TORCH_HINT } else { 0 },
         dtype: model.dtype,
         shape: shape.to_vec(),
         chunk_scalars: options.chunk_scalars,
         n_scalars: shape.iter().product(),
-        lanes: if fast { fast_lane::STATES as u8 } else { LANES as u8 },
+        lanes: match (fast, predicted) {
+            (true, true) => bins::CURRENT.states as u8,
+            (true, false) => fast_lane::STATES as u8,
+            (false, _) => LANES as u8,
+        },
         params: options.params,
         raw_contexts: model.raw_contexts as u16,
         token_scale: model.token_scale,
@@ -825,6 +833,10 @@ pub fn decode_parsed(
         };
         let mut model = StreamModel::new(header.dtype, header.params, ModelKind::Bins, 1, 1);
         model.token_scale = header.token_scale;
+        // `Header::parse` admits a predicted fast-lane stream only at a bins revision's version
+        let revision = bins::Revision::of_version(header.version)
+            .ok_or_else(|| Error::Corrupt(format!("no bins revision has version {}", header.version)))?;
+        model.predicted = PredictedModel::Bins { tables: bins::BinTables::shared(&header.params, revision) };
         if model.table_digest() != header.table_digest {
             return Err(Error::Unsupported(
                 "the stream's probability tables differ from the ones this build computes".into(),

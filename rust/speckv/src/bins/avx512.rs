@@ -1,24 +1,23 @@
 //! The bins model's decoder sixteen scalars at a time, with AVX-512F (x86-64).
 //!
 //! A group is sixteen consecutive scalars `j .. j + 16` of the chunk with `j` a multiple of 16,
-//! so their states are one half of the 32 (B4). Per group: B1 for every lane (integer vector
-//! operations; `mu`'s floor by a per-lane arithmetic shift), one rANS step per lane (two
-//! gathers, a multiply, the words of the lanes that renormalise taken with an expand in lane
-//! order, as the portable decoder takes them), then B3 backwards: each lane's raw-bit count,
-//! their prefix sum for the lanes' bit positions, one gather of the bits. Whatever a vector
-//! does not cover falls back to the portable code, which reads the same words and bits in the
-//! same order: a group with a non-finite `mu` or a far-out one (B1's left shift) or too few
-//! words left is decoded scalar by scalar by the caller; a group with an escape, a bin below
-//! `w` (B3's unary depth) or above the format's binade (`t > M`), or too few raw bytes left,
-//! finishes its patterns lane by lane after the vector rANS step.
+//! so their states are sixteen consecutive ones (half of version 3's 32, all of version 4's 16:
+//! B4). Per group: B1 for every lane (integer vector operations; `mu`'s floor by a per-lane
+//! arithmetic shift), one rANS step per lane (two gathers, a multiply, the words of the lanes
+//! that renormalise taken with an expand in lane order, as the portable decoder takes them),
+//! then B3 backwards: each lane's raw-bit count, their prefix sum for the lanes' bit
+//! positions, one gather of the bits. Whatever a vector does not cover falls back to the
+//! portable code, which reads the same words and bits in the same order: a group with a
+//! non-finite `mu` or a far-out one (B1's left shift) or too few words left is decoded scalar
+//! by scalar by the caller; a group with an escape, a bin below `w` (B3's unary depth) or above
+//! the format's binade (`t > M`), or too few raw bytes left, finishes its patterns lane by lane
+//! after the vector rANS step.
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::{
-    finish, BinTables, BitReader, Cursor, Layout, Place, BINS_PER_SIGMA_LOG2, CLASS_MAX, CLASS_MIN, DEPTH_MAX,
-};
-use super::{CLASS_UNPHASED, ESCAPE, HALF, LOW, PHASED_TABLES, PHASES, PHASE_BITS, PRECISION, STATES, SYMBOLS};
+use super::{finish, BinTables, BitReader, Cursor, Layout, Place, BINS_PER_SIGMA_LOG2, CLASS_MAX, DEPTH_MAX};
+use super::{CLASS_UNPHASED, ESCAPE, HALF, LOW, PHASES, PHASE_BITS, PRECISION, STATES, SYMBOLS};
 use crate::words::Word;
 
 const WIDTH: usize = 16;
@@ -57,6 +56,9 @@ pub(super) unsafe fn groups<W: Word>(
     let zero = _mm512_setzero_si512();
     let one = set(1);
     let (lut, entries) = (tables.lut.as_ptr() as *const i32, tables.entries.as_ptr() as *const i32);
+    let r = tables.revision;
+    // B1's rounding shift, in eighths of a bin, before the shift by `d` (none without it)
+    let rounding = set(if r.rounding { 4 } else { 0 });
     let raw_ptr = raw.bytes.as_ptr() as *const i32;
     let mut done = 0;
     while done + WIDTH <= out.len() && cur.pos + WIDTH <= n_words {
@@ -82,20 +84,27 @@ pub(super) unsafe fn groups<W: Word>(
             break;
         }
         let q = _mm512_srav_epi32(signed, _mm512_min_epi32(_mm512_sub_epi32(zero, sh), set(31)));
+        // the rounding shift: 4 >> d for d in 0..=2, else 0 (a count of 3 or more, or a negative
+        // one read as unsigned, shifts everything out)
+        let d = _mm512_sub_epi32(e, _mm512_max_epi32(e_ulp, set(1 - l.bias - m)));
+        let shift = _mm512_srlv_epi32(rounding, d);
+        let q = _mm512_mask_sub_epi32(_mm512_add_epi32(q, shift), negative_mu, q, shift);
         let base = _mm512_srai_epi32::<{ PHASE_BITS }>(q);
         let class = _mm512_min_epi32(
-            _mm512_max_epi32(_mm512_sub_epi32(code, _mm512_slli_epi32::<3>(e)), set(CLASS_MIN)),
+            _mm512_max_epi32(_mm512_sub_epi32(code, _mm512_slli_epi32::<3>(e)), set(r.class_min)),
             set(CLASS_MAX),
         );
         let phased = _mm512_add_epi32(
-            _mm512_slli_epi32::<{ PHASE_BITS }>(_mm512_sub_epi32(class, set(CLASS_MIN))),
+            _mm512_slli_epi32::<{ PHASE_BITS }>(_mm512_sub_epi32(class, set(r.class_min))),
             _mm512_and_si512(q, set(PHASES as i32 - 1)),
         );
-        let unphased = _mm512_add_epi32(_mm512_sub_epi32(class, set(CLASS_UNPHASED)), set(PHASED_TABLES as i32));
+        let unphased = _mm512_add_epi32(_mm512_sub_epi32(class, set(CLASS_UNPHASED)), set(r.phased_tables() as i32));
         let table = _mm512_mask_mov_epi32(phased, _mm512_cmpge_epi32_mask(class, set(CLASS_UNPHASED)), unphased);
         let fw = _mm512_add_epi32(e, set(l.bias));
         // B4: one step per lane
-        let half = states.as_mut_ptr().add(cur.j % STATES);
+        // SAFETY: `r.states` is 16 or 32 and `cur.j` a multiple of 16: the sixteen states from
+        // here are inside the array.
+        let half = states.as_mut_ptr().add(cur.j & (r.states - 1));
         let s = _mm512_loadu_si512(half as *const _);
         let slot = _mm512_and_si512(s, set((1 << PRECISION) - 1));
         // SAFETY (gathers): a table index is below TABLES and a slot below 2^PRECISION, and

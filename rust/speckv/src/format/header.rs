@@ -3,12 +3,14 @@
 //! ```text
 //! offset  size        field
 //! 0       4           magic "SPKV"
-//! 4       2           format version (2, or 3 with FLAG_FAST_LANE; version 1 is read too)
+//! 4       2           format version (2; with FLAG_FAST_LANE 3, or 4 with FLAG_PREDICTED;
+//!                     versions 1 and predicted 3 are read too)
 //! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL, FLAG_JOINT,
 //!                     FLAG_TOKEN_SCALE, FLAG_FAST_LANE; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
-//! 10      1           coder lanes per chunk (8; with FLAG_FAST_LANE, rANS states: 32)
+//! 10      1           coder lanes per chunk (8; with FLAG_FAST_LANE, rANS states: 32, or
+//!                     16 in version 4)
 //! 11      1           reserved, 0
 //! 12      4           scalars per chunk (the last chunk may hold fewer)
 //! 16      8           number of scalars (= product of the shape)
@@ -38,7 +40,9 @@
 //! Version 3 streams (`FLAG_FAST_LANE`, 8/16-bit only) hold chunks laid out as in `fast_lane`
 //! (predictor-free; their model parameters are the defaults, their predictor-free contexts 1)
 //! or, with `FLAG_PREDICTED`, as in `bins` (the bins model; `FLAG_JOINT` and
-//! `FLAG_TOKEN_SCALE` as in version 2).
+//! `FLAG_TOKEN_SCALE` as in version 2). Version 4 streams are the bins model's second revision
+//! (`bins::V4`: its rounding shift, finer classes, 16 states); this build writes predicted
+//! fast-lane streams as version 4 only, and reads both.
 //! Every other stream is still written as version 2, byte for byte as before.
 //!
 //! Version 1 differs in bytes 10-11 (both 0), in coding each chunk with two lanes
@@ -57,8 +61,12 @@ use crate::token_scale::TokenScale;
 pub const MAGIC: [u8; 4] = *b"SPKV";
 /// The version of every stream this build writes without `FLAG_FAST_LANE`.
 pub const FORMAT_VERSION: u16 = 2;
-/// The version of fast-lane streams (`FLAG_FAST_LANE`), and the newest this build reads.
+/// The version of predictor-free fast-lane streams (`FLAG_FAST_LANE`).
 pub const FAST_LANE_VERSION: u16 = 3;
+/// The version of bins-model streams (`FLAG_FAST_LANE | FLAG_PREDICTED`, `bins::CURRENT`),
+/// and the newest this build reads.
+pub const BINS_VERSION: u16 = 4;
+const _: () = assert!(BINS_VERSION == crate::bins::CURRENT.version);
 /// The oldest version this build reads.
 pub const OLDEST_READABLE_VERSION: u16 = 1;
 /// The stream was coded against a prediction (`mu`, `sigma`); otherwise predictor-free.
@@ -287,9 +295,9 @@ impl Header {
         }
         r.take(4)?;
         let version = r.u16()?;
-        if !(OLDEST_READABLE_VERSION..=FAST_LANE_VERSION).contains(&version) {
+        if !(OLDEST_READABLE_VERSION..=BINS_VERSION).contains(&version) {
             return Err(Error::Unsupported(format!(
-                "format version {version}; this build reads versions {OLDEST_READABLE_VERSION} to {FAST_LANE_VERSION}"
+                "format version {version}; this build reads versions {OLDEST_READABLE_VERSION} to {BINS_VERSION}"
             )));
         }
         let flags = r.u16()?;
@@ -297,7 +305,7 @@ impl Header {
             return Err(Error::Unsupported(format!("unknown flags {flags:#06x}")));
         }
         let fast = flags & FLAG_FAST_LANE != 0;
-        if fast != (version == FAST_LANE_VERSION) {
+        if fast != (version >= FAST_LANE_VERSION) {
             return corrupt(format!(
                 "version {version} with the fast-lane flag {}",
                 if fast { "set" } else { "clear" }
@@ -310,6 +318,14 @@ impl Header {
         {
             return corrupt("a version-3 stream is predictor-free or coded with the bins model");
         }
+        if version == BINS_VERSION && flags & FLAG_PREDICTED == 0 {
+            return corrupt("a version-4 stream is coded with the bins model");
+        }
+        // a fast-lane stream's rANS states: the bins revision's, or the fast lane's
+        let states = match crate::bins::Revision::of_version(version) {
+            Some(revision) if fast && flags & FLAG_PREDICTED != 0 => revision.states,
+            _ => fast_lane::STATES,
+        };
         let dtype_code = r.u8()?;
         let ndim = r.u8()? as usize;
         if ndim > MAX_NDIM {
@@ -317,14 +333,14 @@ impl Header {
         }
         let lanes = match (version, r.u8()?, r.u8()?) {
             (1, 0, 0) => LANES_V1 as u8,
-            (_, lanes, 0) if fast && lanes as usize == fast_lane::STATES => lanes,
+            (_, lanes, 0) if fast && lanes as usize == states => lanes,
             (_, lanes, 0) if version > 1 && !fast && lanes as usize == LANES => lanes,
             (1, _, _) | (_, _, 1..) => return corrupt("reserved header bytes are not zero"),
             (_, lanes, _) => {
+                let expected = if fast { states } else { LANES };
                 return Err(Error::Unsupported(format!(
-                    "{lanes} coder lanes per chunk; this build reads {LANES} ({} in the fast lane)",
-                    fast_lane::STATES
-                )))
+                    "{lanes} coder lanes per chunk; this build reads {expected} in a version-{version} stream"
+                )));
             }
         };
         let chunk_scalars = r.u32()?;
@@ -417,8 +433,10 @@ impl Header {
             let lanes = lanes as u32;
             let shortest = match version {
                 1 => 4 * (2 * lanes - 1),
-                FAST_LANE_VERSION if flags & FLAG_PREDICTED != 0 => crate::bins::MIN_CHUNK_LEN as u32,
-                FAST_LANE_VERSION => fast_lane::MIN_CHUNK_LEN as u32,
+                FAST_LANE_VERSION.. if flags & FLAG_PREDICTED != 0 => {
+                    crate::bins::Revision::of_version(version).map_or(0, |r| r.min_chunk_len()) as u32
+                }
+                FAST_LANE_VERSION.. => fast_lane::MIN_CHUNK_LEN as u32,
                 _ => (lanes - 1) + lanes,
             };
             if c.length < shortest || (version == 1 && c.length % 4 != 0) {
