@@ -194,6 +194,7 @@ def profile(predictor: str, coder: str, mode: str, text: str, seq: int, repeat: 
     codec = calibrated_codec(args, model, tokenizer, "SmolLM2-135M-Instruct")[0]
     ids = prompts(tokenizer, bundled(text), seq, 1)[0]
     cache = other_kernels(model, ids)
+    coder = codec.restore_model(mode) if coder == "auto" else coder  # auto: what compress picks
     data = codec.compress(cache, ids, mode, model=coder)
     scalars = sum(t.numel() for pair in extract_kv(cache) for t in pair)
     codec.decompress(data, ids, dequantize=False)  # warm: maps built, tables made
@@ -255,7 +256,9 @@ def _timed(fn: Callable[[], Any]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--predictors", default="prefix,map,stats")
-    p.add_argument("--coder", default="exact", choices=("exact", "bins"))
+    p.add_argument(
+        "--coder", default="auto", choices=("auto", "exact", "bins"), help="default auto: what compress picks"
+    )
     p.add_argument("--mode", default="bf16")
     p.add_argument("--text", default="legal")
     p.add_argument("--seq-len", type=int, default=512)
@@ -267,14 +270,14 @@ def main() -> None:
     for predictor in a.predictors.split(","):
         r = profile(predictor, a.coder, a.mode, a.text, a.seq_len, a.repeat)
         if a.perf and not os.environ.get("SPECKV_PROFILE_CTL"):
-            argv = ["--predictors", predictor, "--coder", a.coder, "--mode", a.mode, "--text", a.text]
+            argv = ["--predictors", predictor, "--coder", r["coder"], "--mode", a.mode, "--text", a.text]
             argv += ["--seq-len", str(a.seq_len), "--repeat", str(a.repeat)]
             r["perf_self_percent"] = perf_symbols(argv)
         out["runs"].append(r)
         if os.environ.get("SPECKV_PROFILE_CTL"):
             continue
         print(
-            f"\n{predictor} ({a.coder}, {a.mode}, {r['tokens']} tokens, {a.text}) on {machine.line()}:\n  "
+            f"\n{predictor} ({r['coder']}, {a.mode}, {r['tokens']} tokens, {a.text}) on {machine.line()}:\n  "
             f"{r['bits_per_scalar']:.3f} b/s, restore {r['restore_s'] * 1e3:.0f} ms = "
             f"{r['restore_over_prefill']:.2f}x the prefill (median of {a.repeat} rounds, range "
             f"{r['restore_over_prefill_range'][0]:.2f}-{r['restore_over_prefill_range'][1]:.2f}; "
