@@ -24,8 +24,21 @@ later) and blocks of a multiple of 32 tokens; its layout was read off vLLM 0.32'
 against the model's own cache (layer 0's V equal in every scalar). Other ISAs (``vec16``,
 ``neon``, ...) and fp8 caches under ``amx`` are refused until their layout is checked.
 
-GPU backends (``[2, num_blocks, block_size, kv_heads, head_dim]`` and others) follow when they
-can be tested on a GPU.
+vLLM's GPU attention backends (``GPU_BACKENDS``: FlashAttention, FlashInfer, Triton) read a
+block's token ``n`` of head ``h`` as ``[K (D elements) | V (D elements)]``: the layer's buffer
+is the same logical ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` tensor, ``[B, H, N,
+C]`` in vLLM 0.32's terms (``vllm.v1.kv_cache_layout.KVCacheLayout``, RFC 42082), whose strides
+follow the engine's resolved layout: any permutation of blocks, heads and tokens (``LBHNC``,
+``LBNHC``, ``LHBNC``, and the cross-layer ``BLHNC``, ``BLNHC``, ``BHLNC``, where a block of
+every layer is one run of memory), the content always innermost. Reads and writes go through
+the tensor's own strides (one gather per request and layer on the buffer's device, then one
+copy to pinned host memory; back the same way), so every such layout is read alike. Where
+vLLM splits a block into kernel blocks (``block_size`` a multiple of the buffer's third
+dimension), block ``i`` is kernel blocks ``i * r .. i * r + r - 1``.
+
+Tests: the CPU kinds against vLLM's CPU engine (``tests/test_vllm.py``); the GPU kind against
+buffers vLLM's own ``create_kv_cache_views`` lays out in every ``KVCacheLayout``, on CPU
+tensors (``tests/test_paged_gpu.py``; not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -40,6 +53,11 @@ from .._speckv import SpeckvError
 
 CPU = "cpu"
 CPU_AMX = "cpu-amx"
+GPU = "gpu"
+# vLLM GPU attention backends (``AttentionBackend.get_name()``) whose blocks are the GPU kind
+GPU_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+# platforms whose engines run those backends
+GPU_PLATFORMS = ("cuda",)
 # vLLM CPU attention ISA -> the layout its kernels keep blocks in
 CPU_ISAS = {"vec": CPU, "amx": CPU_AMX}
 # the tiles of the amx layout (module docs)
@@ -58,6 +76,13 @@ class PagedLayout:
     block_size: int
     kv_heads: int
     head_dim: int
+    # tokens per block of the buffer's kernel (the GPU kind: a divisor of block_size)
+    kernel_block: int = 0
+
+    @property
+    def _split(self) -> int:
+        """Kernel blocks per block (1 but where vLLM splits a block for its kernels)."""
+        return self.block_size // self.kernel_block if self.kind == GPU else 1
 
     @classmethod
     def detect(
@@ -69,12 +94,16 @@ class PagedLayout:
         kv_heads: int,
         head_dim: int,
         isa: str = "vec",
+        backend: str = "",
     ) -> PagedLayout:
         """The layout of ``buffer`` (one layer's paged cache) on ``platform`` ("cpu", "cuda",
-        ...) whose attention kernels are ``isa`` (vLLM's CPU backend: ``layer.isa``), given the
-        engine's block size and the model's heads; ``UnsupportedLayoutError`` for any layout not
-        listed in the module docs."""
+        ...) whose attention kernels are ``isa`` (vLLM's CPU backend: ``layer.isa``) or
+        ``backend`` (a GPU platform's: ``AttentionBackend.get_name()``), given the engine's block
+        size and the model's heads; ``UnsupportedLayoutError`` for any layout not listed in the
+        module docs."""
         shape = tuple(buffer.shape)
+        if platform in GPU_PLATFORMS:
+            return cls._detect_gpu(buffer, platform, backend, block_size, kv_heads, head_dim)
         if platform != CPU or len(shape) != 4 or shape[1:] != (kv_heads, block_size, 2 * head_dim):
             raise UnsupportedLayoutError(
                 f"paged KV buffer of shape {list(shape)} ({buffer.dtype}) on {platform!r}: speckv reads vLLM's CPU "
@@ -93,18 +122,61 @@ class PagedLayout:
             )
         return cls(kind, block_size, kv_heads, head_dim)
 
+    @classmethod
+    def _detect_gpu(
+        cls, buffer: torch.Tensor, platform: str, backend: str, block_size: int, kv_heads: int, head_dim: int
+    ) -> PagedLayout:
+        """``detect`` on a GPU platform (the GPU kind's checks, module docs)."""
+        if backend not in GPU_BACKENDS:
+            raise UnsupportedLayoutError(
+                f"vLLM attention backend {backend!r} on {platform!r}: speckv reads the blocks of "
+                f"{', '.join(GPU_BACKENDS)} only (another backend lays a block out otherwise)"
+            )
+        shape = tuple(buffer.shape)
+        kernel = shape[2] if len(shape) == 4 else 0
+        if (
+            len(shape) != 4
+            or shape[1] != kv_heads
+            or shape[3] != 2 * head_dim
+            or kernel == 0
+            or block_size % kernel
+            or buffer.stride(3) != 1
+        ):
+            raise UnsupportedLayoutError(
+                f"paged KV buffer of shape {list(shape)}, strides {list(buffer.stride())} ({buffer.dtype}) under "
+                f"{backend} on {platform!r}: speckv reads [num_blocks, {kv_heads} kv_heads, tokens per kernel block "
+                f"dividing {block_size}, {2 * head_dim} = K and V of {head_dim}] with the content innermost"
+            )
+        return cls(GPU, block_size, kv_heads, head_dim, kernel)
+
+    def _kernel_ids(self, block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
+        """The buffer's first-dimension indices of blocks ``block_ids`` (their kernel blocks, in
+        order, for the GPU kind), on ``device``."""
+        r = self._split
+        ids = [i * r + j for i in block_ids for j in range(r)]
+        return torch.as_tensor(ids, dtype=torch.long).to(device)
+
     def read(self, buffer: torch.Tensor, block_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks ``block_ids`` of ``buffer`` as ``(K, V)``, each ``[1, kv_heads, len(block_ids) *
         block_size, head_dim]``, in the buffer's dtype (copies)."""
-        k, v = self.split(self.copy_blocks(buffer, block_ids).numpy())
+        blocks = self.copy_blocks(buffer, block_ids)
+        host_ready(buffer.device)
+        k, v = self.split(blocks.numpy())
         return torch.from_numpy(k).view(buffer.dtype), torch.from_numpy(v).view(buffer.dtype)
 
     def copy_blocks(self, buffer: torch.Tensor, block_ids: Sequence[int]) -> torch.Tensor:
         """Blocks ``block_ids`` of ``buffer`` copied out as they lie, their bits as integers
-        (``[n, kv_heads, block_size, 2 * head_dim]``): the one copy an engine's step pays to
-        store them; ``split`` turns it into ``(K, V)`` later, on another thread."""
-        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-        return _bits(buffer).index_select(0, ids)
+        (``[n, kv_heads, block_size, 2 * head_dim]``; the GPU kind: its kernel blocks, ``[n *
+        r, kv_heads, block_size / r, 2 * head_dim]``), on the host: the one copy an engine's
+        step pays to store them; ``split`` turns it into ``(K, V)`` later, on another thread.
+        From a GPU: one gather on the device, then one copy into pinned host memory queued on
+        the current stream (``host_ready`` before reading it)."""
+        blocks = _bits(buffer).index_select(0, self._kernel_ids(block_ids, buffer.device))
+        if blocks.device.type == CPU:
+            return blocks
+        host = torch.empty(blocks.shape, dtype=blocks.dtype, pin_memory=True)
+        host.copy_(blocks, non_blocking=True)
+        return host
 
     def split(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``copy_blocks``' output (as numpy) as ``(K, V)`` ``[1, kv_heads, n * block_size,
@@ -112,6 +184,8 @@ class PagedLayout:
         on the saver's thread)."""
         b, d = self.block_size, self.head_dim
         n, h = blocks.shape[0], blocks.shape[1]
+        if self.kind == GPU:
+            return _tokens(blocks[..., :d]), _tokens(blocks[..., d:])  # K, V: [n * r, H, B / r, D]
         flat = blocks.reshape(n, h, 2 * b * d)
         if self.kind == CPU_AMX:
             t = _TILE
@@ -122,22 +196,25 @@ class PagedLayout:
         else:
             k = flat[:, :, : d * b].reshape(n, h, d, b).transpose(0, 1, 3, 2)  # [n, H, B, D]
             v = flat[:, :, d * b :].reshape(n, h, b, d)
-
-        def tokens(x: np.ndarray) -> np.ndarray:  # [n, H, B, D] -> [1, H, n * B, D]
-            return np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(1, h, n * b, d)
-
-        return tokens(k), tokens(v)
+        return _tokens(k), _tokens(v)
 
     def pack(self, blocks: np.ndarray) -> np.ndarray:
         """Blocks in the stored shape ``[n, 2, kv_heads, block_size, head_dim]`` (K then V; bits
         as integers) laid out as the engine keeps them, ``[n, kv_heads, block_size, 2 *
-        head_dim]`` (numpy alone: a loader thread stays out of torch's thread pool; the inverse
-        of ``split``, block by block)."""
+        head_dim]`` (the GPU kind: ``copy_blocks``' kernel blocks) (numpy alone: a loader thread
+        stays out of torch's thread pool; the inverse of ``split``, block by block)."""
         b, d, h = self.block_size, self.head_dim, self.kv_heads
         n = blocks.shape[0]
         if blocks.shape[1:] != (2, h, b, d):
             raise ValueError(f"blocks: expected [n, 2, {h}, {b}, {d}], got {list(blocks.shape)}")
         k, v = blocks[:, 0], blocks[:, 1]  # [n, H, B, D]
+        if self.kind == GPU:
+            r, kb = self._split, self.kernel_block
+
+            def kernel_blocks(x: np.ndarray) -> np.ndarray:  # [n, H, B, D] -> [n * r, H, B / r, D]
+                return x.reshape(n, h, r, kb, d).transpose(0, 2, 1, 3, 4).reshape(n * r, h, kb, d)
+
+            return np.concatenate([kernel_blocks(k), kernel_blocks(v)], axis=3)
         if self.kind == CPU_AMX:
             t = _TILE
             kt = k.reshape(n, h, b // t, t, d // 2, 2).transpose(0, 1, 2, 4, 3, 5)
@@ -150,14 +227,18 @@ class PagedLayout:
         return out.reshape(n, h, b, 2 * d)
 
     def put(self, buffer: torch.Tensor, block_ids: Sequence[int], packed: np.ndarray) -> None:
-        """Writes ``pack``'s output into blocks ``block_ids`` of ``buffer`` (numpy alone)."""
-        words = _bits(buffer).numpy()
-        if packed.shape != (len(block_ids), *words.shape[1:]) or packed.dtype != words.dtype:
-            raise ValueError(
-                f"packed: expected {[len(block_ids), *words.shape[1:]]} {words.dtype}, "
-                f"got {list(packed.shape)} {packed.dtype}"
-            )
-        words[np.asarray(block_ids, dtype=np.int64)] = packed
+        """Writes ``pack``'s output into blocks ``block_ids`` of ``buffer`` (numpy alone on the
+        host; to a GPU's buffer, one copy from pinned memory and one scatter on the device)."""
+        bits = _bits(buffer)
+        want = (len(block_ids) * self._split, *bits.shape[1:])
+        if packed.shape != want or packed.dtype != np.dtype(str(bits.dtype).removeprefix("torch.")):
+            raise ValueError(f"packed: expected {list(want)} {bits.dtype}, got {list(packed.shape)} {packed.dtype}")
+        if buffer.device.type == CPU:
+            words = bits.numpy()
+            words[self._kernel_ids(block_ids, buffer.device).numpy()] = packed
+            return
+        source = torch.from_numpy(np.ascontiguousarray(packed)).pin_memory().to(buffer.device, non_blocking=True)
+        bits.index_copy_(0, self._kernel_ids(block_ids, buffer.device), source)
 
     def write(self, buffer: torch.Tensor, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Writes ``(K, V)`` (``[1, kv_heads, len(block_ids) * block_size, head_dim]``, the
@@ -173,6 +254,14 @@ class PagedLayout:
         def blocks(x: torch.Tensor) -> torch.Tensor:  # [1, H, n * B, D] -> [n, H, B, D]
             return x.reshape(h, n, b, d).permute(1, 0, 2, 3)
 
+        ids = self._kernel_ids(block_ids, buffer.device)
+        if self.kind == GPU:
+            kb = self.kernel_block
+            # [1, H, n * B, D] -> [n * r, H, B / r, D]: kernel blocks are consecutive tokens
+            kt, vt = (x.reshape(h, n * self._split, kb, d).permute(1, 0, 2, 3) for x in (k, v))
+            data = torch.cat([_bits(kt), _bits(vt)], dim=3).to(buffer.device)
+            _bits(buffer).index_copy_(0, ids, data)
+            return
         if self.kind == CPU_AMX:
             t = _TILE
             kt = blocks(k).reshape(n, h, b // t, t, d // 2, 2).permute(0, 1, 2, 4, 3, 5)
@@ -180,7 +269,20 @@ class PagedLayout:
         else:
             kt, vt = blocks(k).transpose(2, 3), blocks(v)
         data = torch.cat([_bits(kt.reshape(n, h, d * b)), _bits(vt.reshape(n, h, b * d))], dim=2)
-        _bits(buffer).index_copy_(0, torch.as_tensor(list(block_ids), dtype=torch.long), data.reshape(n, h, b, 2 * d))
+        _bits(buffer).index_copy_(0, ids, data.reshape(n, h, b, 2 * d))
+
+
+def host_ready(device: torch.device) -> None:
+    """Waits for the copies ``copy_blocks`` queued from ``device`` (nothing on the host): what
+    the saver's thread reads must have arrived."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _tokens(x: np.ndarray) -> np.ndarray:
+    """``[n, H, B, D]`` blocks as ``[1, H, n * B, D]`` tokens (C-contiguous)."""
+    n, h, b, d = x.shape
+    return np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(1, h, n * b, d)
 
 
 _INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -192,4 +294,14 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INTEGERS[t.element_size()])
 
 
-__all__ = ["CPU", "CPU_AMX", "CPU_ISAS", "PagedLayout", "UnsupportedLayoutError"]
+__all__ = [
+    "CPU",
+    "CPU_AMX",
+    "CPU_ISAS",
+    "GPU",
+    "GPU_BACKENDS",
+    "GPU_PLATFORMS",
+    "PagedLayout",
+    "UnsupportedLayoutError",
+    "host_ready",
+]

@@ -67,9 +67,12 @@ to ``"recompute"`` unless ``load_failure`` is ``"fail"``. The scheduler matches 
 against the tier's index (``has``: no entry read); an entry damaged or evicted since is found
 when the worker loads it, and those blocks are computed.
 
-Layouts: vLLM's CPU attention backend, with its ``vec`` and ``amx`` kernels' block layouts
-(``speckv.integrations.paged``); any other paged layout or kernel is refused at start-up
-(``UnsupportedLayoutError``, naming it). Cache dtypes: the model's
+Layouts (``speckv.integrations.paged``): vLLM's CPU attention backend, with its ``vec`` and
+``amx`` kernels' block layouts (run in vLLM's CPU engine in the tests), and on CUDA the
+FlashAttention, FlashInfer and Triton backends in every ``KVCacheLayout`` vLLM resolves,
+cross-layer ones included (tested on CPU tensors laid out by vLLM's own code; not yet run on a
+GPU); any other paged layout or backend is refused at start-up (``UnsupportedLayoutError``,
+naming it). Cache dtypes: the model's
 bf16 / fp16, and ``fp8`` / ``fp8_e4m3`` with the calibration's fp8 scales (``fp8_e5m2`` is
 refused). Models with several KV cache groups (sliding-window layers) are refused.
 """
@@ -97,7 +100,7 @@ from vllm.logger import init_logger
 from ..hf.free_store import FreePrefixStore, StoredBlock
 from .engine import MEMORY, EngineStore, memory_tier_path
 from .layer_loader import LayerLoader
-from .paged import PagedLayout, UnsupportedLayoutError
+from .paged import PagedLayout, UnsupportedLayoutError, host_ready
 from .saver import BackgroundSaver
 
 if TYPE_CHECKING:
@@ -409,6 +412,7 @@ class SpeckvConnector(KVConnectorBase_V1):
                 kv_heads=heads,
                 head_dim=dim,
                 isa=self._attention_isa(name, dim) if platform == "cpu" else "",
+                backend=self._attention_backend(name) if platform != "cpu" else "",
             )
             self._layout = self._layout or layout
             self._caches[layer] = buffer
@@ -418,6 +422,13 @@ class SpeckvConnector(KVConnectorBase_V1):
                 f"SpeckvConnector: vLLM registered KV caches of layers {sorted(self._caches)}, "
                 f"the model has {n_layers} layers"
             )
+
+    def _attention_backend(self, layer_name: str) -> str:
+        """The name of the attention backend vLLM runs ``layer_name`` with on a GPU
+        (``AttentionBackend.get_name()``: it decides how a block is laid out)."""
+        attn = self._vllm_config.compilation_config.static_forward_context.get(layer_name)
+        backend = getattr(attn, "attn_backend", None)
+        return str(backend.get_name()) if backend is not None else "unknown"
 
     def _attention_isa(self, layer_name: str, head_dim: int) -> str:
         """The kernel ("ISA") vLLM's CPU attention runs ``layer_name`` with: it decides how a
@@ -588,6 +599,9 @@ class SpeckvConnector(KVConnectorBase_V1):
         captured, self._captured = self._captured, {}
         if not self._usable():
             return
+        # from a GPU, copy_blocks queued the copies to the host: they must land before the
+        # saver's thread reads them (the step's forward pass is over by now)
+        host_ready(next(iter(self._caches.values())).device)
         for save in meta.saves:
             layers = captured.get(save.req_id, {})
             if sorted(layers) != sorted(self._caches):
