@@ -13,6 +13,10 @@ block is the one vLLM's FlashAttention and Triton backends make of the same tens
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 vllm_layout = pytest.importorskip("vllm.v1.kv_cache_layout")
+import vllm  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheTensor,
@@ -34,7 +39,41 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]
 INTEGER = {1: torch.uint8, 2: torch.int16}
 
 
-def views(layout, dtype, *, layers: int, blocks: int, block: int, heads: int, dim: int, kernel: int | None, seed: int):
+# model geometries whose buffers `export` writes out for benches/bench_paged_gpu.py (a GPU
+# machine has no vLLM): the demo model's, and an 8-KV-head model's of head size 128
+GEOMETRIES = {
+    "demo": dict(layers=30, blocks=256, block=16, heads=3, dim=64),
+    "8x128": dict(layers=8, blocks=512, block=16, heads=8, dim=128),
+}
+EXPORT = Path(__file__).resolve().parent / "data" / "vllm_kv_layouts.json"
+
+
+def export() -> dict:
+    """Every layer view's shape, strides and offset (in elements of its dtype) over one
+    allocation of ``bytes``, as vLLM lays it out, per geometry, dtype and ``KVCacheLayout``."""
+    out: dict = {"vllm": vllm.__version__, "layouts": []}
+    for name, g in GEOMETRIES.items():
+        for dtype in DTYPES:
+            for layout in LAYOUTS:
+                layer_views, raw = views(layout, dtype, kernel=None, seed=None, **g)
+                out["layouts"].append(
+                    {
+                        "geometry": name,
+                        **g,
+                        "dtype": str(dtype).removeprefix("torch."),
+                        "layout": layout.name,
+                        "bytes": raw.numel(),
+                        "shape": list(layer_views[0].shape),
+                        "strides": list(layer_views[0].stride()),
+                        "offsets": [v.storage_offset() for v in layer_views],
+                    }
+                )
+    return out
+
+
+def views(
+    layout, dtype, *, layers: int, blocks: int, block: int, heads: int, dim: int, kernel: int | None, seed: int | None
+):
     """Every layer's view of one allocation laid out by vLLM (random bits), and the allocation."""
     spec = FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=dim, dtype=dtype)
     layer_stride, block_stride, *_ = compute_layout_strides(spec, blocks, layers, layout)
@@ -44,7 +83,10 @@ def views(layout, dtype, *, layers: int, blocks: int, block: int, heads: int, di
         layer_stride=layer_stride,
         block_stride=block_stride,
     )
-    raw = torch.from_numpy(np.random.default_rng(seed).integers(-128, 128, tensor.size, dtype=np.int8))
+    if seed is None:  # the layout alone (`export`)
+        raw = torch.zeros(tensor.size, dtype=torch.int8)
+    else:
+        raw = torch.from_numpy(np.random.default_rng(seed).integers(-128, 128, tensor.size, dtype=np.int8))
     return create_kv_cache_views(raw, spec, blocks, layout, tensor, kernel_block_size=kernel), raw
 
 
@@ -265,3 +307,18 @@ def test_other_backends_and_shapes_are_refused_by_name():
             detect(buffers[0], block, heads, dim)
     with pytest.raises(UnsupportedLayoutError, match="vec16"):
         PagedLayout.detect(buffers[0], platform="cpu", block_size=16, kv_heads=2, head_dim=8, isa="vec16")
+
+
+def test_the_exported_layouts_are_the_installed_vllms():
+    """``tests/data/vllm_kv_layouts.json`` (what the GPU benchmark builds its buffers from) is
+    what this vLLM lays out: regenerate with ``python tests/paged_gpu_cases.py --export`` in
+    the vLLM virtualenv when vLLM changes."""
+    assert json.loads(EXPORT.read_text()) == export()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--export"]:
+        sys.exit("usage: python tests/paged_gpu_cases.py --export   (in the vLLM virtualenv)")
+    EXPORT.parent.mkdir(exist_ok=True)
+    EXPORT.write_text(json.dumps(export(), indent=1) + "\n")
+    print(f"wrote {EXPORT}")

@@ -30,3 +30,24 @@ def test_every_gpu_layout_of_the_installed_vllm_round_trips_bit_for_bit():
     tail = run.stdout[-4000:] + run.stderr[-2000:]
     assert run.returncode == 0, tail
     assert " passed" in run.stdout and "skipped" not in run.stdout, tail
+
+
+def test_the_gpu_paged_benchmark_runs_on_the_host(tmp_path):
+    """``benches/bench_paged_gpu.py`` whole (every layout and dtype of the exported file checked
+    bit for bit, the bandwidth table), small, on CPU tensors: a GPU run (scarce) must not be
+    the first to execute it."""
+    import importlib.util
+    import json
+
+    path = HERE.parent / "benches" / "bench_paged_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_paged_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(
+        ["--device", "cpu", "--geometry", "demo", "--request-blocks", "3", "--json", str(tmp_path / "o.json")]
+    )
+    layouts = json.loads(bench.LAYOUTS.read_text())["layouts"]
+    demo = [c for c in layouts if c["geometry"] == "demo"]
+    assert len(out["checked"]) == len(demo) == 18  # 6 layouts x bf16, fp16, fp8
+    assert len(out["bandwidth"]) == 12 and all(b["copy_blocks_gb_s"] > 0 for b in out["bandwidth"].values())
+    assert json.loads((tmp_path / "o.json").read_text())["geometry"] == "demo"
