@@ -228,7 +228,9 @@ class PagedLayout:
 
     def put(self, buffer: torch.Tensor, block_ids: Sequence[int], packed: np.ndarray) -> None:
         """Writes ``pack``'s output into blocks ``block_ids`` of ``buffer`` (numpy alone on the
-        host; to a GPU's buffer, one copy from pinned memory and one scatter on the device)."""
+        host; to a GPU's buffer, one copy from pinned memory and one scatter on the device,
+        returning once they are done: a loader thread's writes must land before the forward
+        pass reads the layer, whatever stream that runs on)."""
         bits = _bits(buffer)
         want = (len(block_ids) * self._split, *bits.shape[1:])
         if packed.shape != want or packed.dtype != np.dtype(str(bits.dtype).removeprefix("torch.")):
@@ -239,6 +241,7 @@ class PagedLayout:
             return
         source = torch.from_numpy(np.ascontiguousarray(packed)).pin_memory().to(buffer.device, non_blocking=True)
         bits.index_copy_(0, self._kernel_ids(block_ids, buffer.device), source)
+        host_ready(buffer.device)
 
     def write(self, buffer: torch.Tensor, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Writes ``(K, V)`` (``[1, kv_heads, len(block_ids) * block_size, head_dim]``, the
@@ -273,10 +276,11 @@ class PagedLayout:
 
 
 def host_ready(device: torch.device) -> None:
-    """Waits for the copies ``copy_blocks`` queued from ``device`` (nothing on the host): what
-    the saver's thread reads must have arrived."""
+    """Waits for the copies ``copy_blocks`` and ``put`` queued on ``device`` (nothing on the
+    host): the whole device, since the engine's forward pass may queue them on a stream of its
+    own."""
     if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+        torch.cuda.synchronize(device)
 
 
 def _tokens(x: np.ndarray) -> np.ndarray:
