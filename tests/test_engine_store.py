@@ -140,9 +140,19 @@ def test_paged_pack_and_put_write_what_write_writes(isa, dtype, blocks, heads, b
 def test_other_layouts_are_refused_by_name():
     import re
 
-    for shape, platform in (((2, 10, 16, 2, 8), "cpu"), ((10, 16, 2, 16), "cpu"), ((10, 2, 16, 16), "cuda")):
+    for shape, platform in (((2, 10, 16, 2, 8), "cpu"), ((10, 16, 2, 16), "cpu"), ((10, 2, 16, 16), "rocm")):
         with pytest.raises(UnsupportedLayoutError, match=re.escape(str(list(shape)))):
             PagedLayout.detect(torch.zeros(shape), platform=platform, block_size=16, kv_heads=2, head_dim=8)
+    # on CUDA the attention backend decides (tests/paged_gpu_cases.py has the GPU layouts)
+    with pytest.raises(UnsupportedLayoutError, match="backend 'FLEX_ATTENTION' on 'cuda'"):
+        PagedLayout.detect(
+            torch.zeros((10, 2, 16, 16)),
+            platform="cuda",
+            block_size=16,
+            kv_heads=2,
+            head_dim=8,
+            backend="FLEX_ATTENTION",
+        )
     ok = torch.zeros((10, 2, 32, 64), dtype=torch.bfloat16)
     for isa in ("vec16", "neon", "vsx"):  # kernels whose blocks speckv has not read
         with pytest.raises(UnsupportedLayoutError, match=isa):
