@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 vllm_layout = pytest.importorskip("vllm.v1.kv_cache_layout")
 import vllm  # noqa: E402
+from test_engine_store import checkpoint  # noqa: E402, F401  (a tiny model's folder and calibration)
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheTensor,
@@ -229,24 +230,6 @@ def test_copied_blocks_round_trip_through_the_codec_into_other_blocks(layout, dt
     )
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny model as a transformers folder and a map-predictor calibration of it (with fp8
-    scales), as ``tests/test_engine_store.py`` makes them."""
-    from test_hf import ids, tiny_model
-
-    from speckv.hf import ModelPrefixPredictor, SpeculativeCodec
-
-    folder = tmp_path_factory.mktemp("ckpt")
-    model = tiny_model("llama")
-    model.save_pretrained(str(folder))
-    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1))
-    codec.calibrate([ids(48, s) for s in range(6)], fp8_scale=1.0)
-    cal = folder / "cal.safetensors"
-    codec.save(str(cal))
-    return folder, cal, model
-
-
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     layout=st.sampled_from(LAYOUTS),
@@ -254,7 +237,7 @@ def checkpoint(tmp_path_factory):
     calibrated=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_the_connectors_worker_side_round_trips_through_an_engine_store(checkpoint, layout, dtype, calibrated, seed):
+def test_the_connectors_worker_side_round_trips_through_an_engine_store(checkpoint, layout, dtype, calibrated, seed):  # noqa: F811
     """What the connector's worker does with a request's blocks, without an engine: copied out
     of every layer (``save_kv_layer``: ``copy_blocks``), split and stored by an ``EngineStore``
     (``_save_now``: the calibrated predictor's store, or the predictor-free one), loaded back
