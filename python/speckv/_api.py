@@ -235,9 +235,10 @@ def encode(
     ulps of `mu` rounded to x's dtype and codes it from precomputed tables (faster to decode,
     a few percent larger where sigma spans binades), ``"bins"`` (8/16-bit formats) codes the
     same mixture at a quarter to an eighth of sigma's resolution from static tables with
-    interleaved rANS (format version 3): several times faster to decode than ``"exact"`` for a
-    few hundredths of a bit per scalar, the choice where a restore waits on the coder rather
-    than on a model. float32 always uses ``"fast"``.
+    interleaved rANS (format version 4; version 3 streams still decode): several times faster to
+    decode than ``"exact"`` for a few thousandths of a bit per scalar plus its rANS states (~0.016
+    bits per scalar of a 24,576-scalar chunk), what ``restore_model`` picks for 16-bit caches.
+    float32 always uses ``"fast"``.
     `chunk_size` sets the scalars per independently coded chunk (default 2^17; 2^16 in the
     fast lane, whose tables are per chunk).
 

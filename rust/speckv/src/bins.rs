@@ -50,12 +50,13 @@
 //!   renormalises scalar by scalar in increasing `j`, so words are read in scalar order (the
 //!   AVX-512 decoder steps sixteen scalars `j .. j + 16`, `j` a multiple of 16, and takes their
 //!   words in lane order: the same words in the same order; raw bits too are read in scalar
-//!   order). Each state ends a chunk as 4 bytes of which the first 16 bits carry nothing (the
-//!   decoder must end at `2^16`): with 32 states that was 0.03 bits per scalar of a 24,576-scalar
-//!   chunk (one layer of a 128-token block of the demo model), which 16 states halve; the
-//!   decoder is no slower (its time goes to B1 and B3, not the states' chains). Tables sum to `2^PRECISION`, the
-//!   escape's frequency is `ESCAPE_FREQ` (so every step costs > 2^-12 / ln 2 bits: the
-//!   header's scalars-per-byte bound holds), every slot decodes to a symbol with a frequency.
+//!   order). Each state ends a chunk as 4 bytes, about 16 bits of which carry nothing (every
+//!   state starts at `2^16`, where the decoder must end): with 32 states that was 0.03 bits per
+//!   scalar of a 24,576-scalar chunk (one layer of a 128-token block of the demo model), which
+//!   16 states halve; the decoder is no slower (its time goes to B1 and B3, not the states'
+//!   chains). Tables sum to `2^PRECISION`, the escape's frequency is `ESCAPE_FREQ` (so every
+//!   step costs > 2^-12 / ln 2 bits: the header's scalars-per-byte bound holds), every slot
+//!   decodes to a symbol with a frequency.
 //! * **B5 (the ends).** Every state starts at `2^16` and the decoder must end with every state
 //!   there, every word read and every raw bit read (the last byte's unused bits zero); a bin
 //!   that holds no value or a pattern that is not finite fails the chunk as corrupt.

@@ -377,7 +377,7 @@ pub fn encode(
 }
 
 /// `encode` with the bins model: every chunk coded by `bins::Encoder`, run by run as the
-/// other models are (`joint_runs` with the joint model), and the version-3 header.
+/// other models are (`joint_runs` with the joint model), and the header of `bins::CURRENT`'s version.
 fn encode_bins(
     x: Bits,
     model: &StreamModel,

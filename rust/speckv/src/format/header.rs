@@ -82,8 +82,8 @@ pub const FLAG_JOINT: u16 = 1 << 3;
 /// Jointly coded layers scale each token's sigmas by its residuals so far
 /// (`crate::token_scale`); the knobs are at +18. Only with `FLAG_JOINT`.
 pub const FLAG_TOKEN_SCALE: u16 = 1 << 4;
-/// Coded with static tables and rANS, version 3: predictor-free (`crate::fast_lane`), or with
-/// `FLAG_PREDICTED` the bins model (`crate::bins`).
+/// Coded with static tables and rANS: predictor-free (`crate::fast_lane`, version 3), or with
+/// `FLAG_PREDICTED` the bins model (`crate::bins`: version 4, version 3 still read).
 pub const FLAG_FAST_LANE: u16 = 1 << 5;
 const KNOWN_FLAGS: u16 =
     FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE | FLAG_FAST_LANE;
