@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import xxhash
 
-import speckv
-import speckv.hf.cuda
-from speckv import _speckv
+pytest.importorskip("torch")  # speckv.hf, the CUDA module's package, imports torch
+import speckv  # noqa: E402
+import speckv.hf.cuda  # noqa: E402
+from speckv import _speckv  # noqa: E402
 
 DTYPES = {
     "bfloat16": ml_dtypes.bfloat16,

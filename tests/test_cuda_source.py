@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import speckv
-import speckv.hf.cuda
-from speckv import _speckv
+pytest.importorskip("torch")  # speckv.hf, the CUDA module's package, imports torch
+import speckv  # noqa: E402
+import speckv.hf.cuda  # noqa: E402
+from speckv import _speckv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = ROOT / "cuda"

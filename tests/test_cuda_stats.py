@@ -8,10 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import speckv.hf.cuda
-from speckv import _speckv
-
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch")  # speckv.hf, the CUDA module's package, imports torch
+import speckv.hf.cuda  # noqa: E402
+from speckv import _speckv  # noqa: E402
 
 
 def _cache(shape, seed):
