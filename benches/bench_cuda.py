@@ -148,8 +148,8 @@ def demo_traffic(text: str) -> dict:
     model's caches (see the module's notes)."""
     from speckv import container
     from speckv.cli.calibration_cache import calibrated_codec
-    from speckv.hf.cache import other_kernels
-    from speckv.hf.demo import bundled_text, load_demo_model, prompts
+    from speckv.hf.models.cache import other_kernels
+    from speckv.hf.models.demo import bundled_text, load_demo_model, prompts
 
     settings = argparse.Namespace(
         calibration=None,
@@ -193,7 +193,7 @@ def _kernels(n: int, device: str = "cuda") -> tuple[float, list[dict]]:
     import torch
 
     import speckv.hf.cuda
-    from speckv.hf.calibration import fp8_quantize
+    from speckv.hf.predictors.calibration import fp8_quantize
 
     g = torch.Generator(device=device).manual_seed(0)
     pred = torch.randn(n // 64, 64, device=device, generator=g, dtype=torch.float32)
@@ -230,7 +230,7 @@ def _calibration(layers: int, tokens: int, samples: int, device: str) -> float:
     import transformers
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.calibration import calibrate
+    from speckv.hf.predictors.calibration import calibrate
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(

@@ -28,9 +28,10 @@ from speckv.cli import build_parser
 from speckv.cli.calibration_cache import calibrated_codec
 from speckv.cli.evaluation import evaluate_args
 from speckv.cli.predictor_spec import make_predictor
-from speckv.hf import cost, load_demo_model, load_model
-from speckv.hf.demo import bundled_text, prompts
-from speckv.hf.early_exit import ModelPrefixPredictor
+from speckv.hf import load_demo_model, load_model
+from speckv.hf.models.demo import bundled_text, prompts
+from speckv.hf.predictors import cost
+from speckv.hf.predictors.early_exit import ModelPrefixPredictor
 
 DEFAULT_PREDICTORS = "stats,map,map+hidden,prefix:{third},prefix,fp8-bf16"
 # the early-exit frontier of F. Finn, "Speculative KV coding II" (a draft post; Qwen3-8B, ideal
@@ -46,7 +47,7 @@ def fetched_models() -> list[Path]:
 
 def predictor_flops(predictor: Any, config: Any, tokens: int) -> float:
     """FLOPs of a predictor's work on one prompt, as a share of a recompute (every layer, the
-    last token's logits; ``speckv.hf.cost``)."""
+    last token's logits; ``speckv.hf.predictors.cost``)."""
     return cost.predictor_flops(predictor, config, tokens) / cost.recompute_flops(config, tokens)
 
 

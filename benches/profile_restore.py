@@ -65,7 +65,8 @@ class Phases:
 def instrumented(phases: Phases) -> Iterator[None]:
     """The restore path's functions wrapped with ``phases`` (restored on exit)."""
     from speckv import _api
-    from speckv.hf import coding_params, decode_walk, early_exit, target
+    from speckv.hf.codec import coding_params, decode_walk, target
+    from speckv.hf.predictors import early_exit, prefix_run
 
     patches = [
         (_api, "decode", "core decode (joint sums + coder)"),
@@ -74,7 +75,7 @@ def instrumented(phases: Phases) -> Iterator[None]:
         (coding_params.CodingParams, "joint_model", "joint model arrays"),
         (coding_params.CodingParams, "observed", "observed (to float)"),
         (early_exit.ModelPrefixPredictor, "map_predict", "maps"),
-        (early_exit._PrefixRun, "wait", "forward pass (waited for)"),
+        (prefix_run._PrefixRun, "wait", "forward pass (waited for)"),
         (target, "channel_major", "copies (channel-major)"),
         (decode_walk, "join", "copies (join blocks)"),
         (decode_walk, "channel_major", "copies (channel-major)"),
@@ -85,14 +86,14 @@ def instrumented(phases: Phases) -> Iterator[None]:
         saved.append((owner, attr, fn))
         setattr(owner, attr, phases.wrap(name, fn))
     # the walk's predict of a prefix layer waits for the forward pass: its own phase
-    run_predict = early_exit._PrefixRun.predict
+    run_predict = prefix_run._PrefixRun.predict
 
     def predict(self: Any, layer: int, which: int) -> Any:
         name = "forward pass (waited for)" if layer < self.p.layers else "maps (walk)"
         return phases.wrap(name, run_predict)(self, layer, which)
 
-    early_exit._PrefixRun.predict = predict  # type: ignore[method-assign]
-    saved.append((early_exit._PrefixRun, "predict", run_predict))
+    prefix_run._PrefixRun.predict = predict  # type: ignore[method-assign]
+    saved.append((prefix_run._PrefixRun, "predict", run_predict))
     try:
         yield
     finally:
@@ -176,8 +177,8 @@ def profile(predictor: str, coder: str, mode: str, text: str, seq: int, repeat: 
     from speckv.cli.calibration_cache import calibrated_codec
     from speckv.cli.common import text as bundled
     from speckv.hf import extract_kv, load_demo_model
-    from speckv.hf.cache import other_kernels, prefill
-    from speckv.hf.demo import prompts
+    from speckv.hf.models.cache import other_kernels, prefill
+    from speckv.hf.models.demo import prompts
 
     model, tokenizer = load_demo_model()
     torch.set_num_threads(os.cpu_count() or 1)

@@ -17,7 +17,7 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__)
-// NVRTC (the just-in-time path, speckv/hf/cuda.py) has no C library headers
+// NVRTC (the just-in-time path, speckv/hf/cuda/module.py) has no C library headers
 typedef unsigned char uint8_t;
 typedef short int16_t;
 typedef unsigned short uint16_t;

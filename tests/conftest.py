@@ -104,5 +104,5 @@ def host_gpu(cuda_host, monkeypatch):
     import speckv.hf.cuda
 
     module = HostModule(cuda_host)
-    monkeypatch.setattr(speckv.hf.cuda, "_module", lambda tensor: (module, 0))
+    monkeypatch.setattr(speckv.hf.cuda.module, "_module", lambda tensor: (module, 0))
     return module

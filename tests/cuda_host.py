@@ -1,5 +1,5 @@
 """The CUDA module's kernels run on the host: a stand-in for ``cuda.bindings.driver`` and a
-``speckv.hf.cuda._Module`` over it, for ``conftest.host_gpu`` (imported there only when a test
+``speckv.hf.cuda.module._Module`` over it, for ``conftest.host_gpu`` (imported there only when a test
 asks for it: this module needs torch, the core's tests do not)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import speckv.hf.cuda
 
 
 class HostDriver:
-    """``cuda.bindings.driver`` as ``speckv.hf.cuda._Module.launch`` calls it, running kernels on
+    """``cuda.bindings.driver`` as ``speckv.hf.cuda.module._Module.launch`` calls it, running kernels on
     the host build: ``cuLaunchKernel`` reads ``kernelParams`` as the CUDA driver does (an array
     of pointers, each to one parameter's bytes, as many as the compiled kernel declares:
     ``test_the_host_signatures_are_the_kernels_parameters``) and calls ``host_<kernel>`` of
@@ -46,8 +46,8 @@ class HostDriver:
         return (0,)  # CUDA_SUCCESS
 
 
-class HostModule(speckv.hf.cuda._Module):
-    """``speckv.hf.cuda._Module`` with the host build of the kernels behind a ``HostDriver``: the
+class HostModule(speckv.hf.cuda.module._Module):
+    """``speckv.hf.cuda.module._Module`` with the host build of the kernels behind a ``HostDriver``: the
     tests drive ``speckv.hf.cuda``'s own steps and its own ``launch`` (arguments packed as the
     driver takes them) down to the CUDA driver's interface."""
 

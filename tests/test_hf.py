@@ -18,8 +18,8 @@ from speckv.hf import (  # noqa: E402
     build_cache,
     extract_kv,
 )
-from speckv.hf.cache import other_kernels, prefill  # noqa: E402
-from speckv.hf.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
+from speckv.hf.models.cache import other_kernels, prefill  # noqa: E402
+from speckv.hf.predictors.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
 
 MODES = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 
@@ -230,7 +230,7 @@ def test_channel_stats_predictor(calibrated):
 
 
 def test_fp8_weights_round_trip_is_close():
-    from speckv.hf.predictors import fp8_round_trip
+    from speckv.hf.predictors.base import fp8_round_trip
 
     w = torch.randn(300, 200)
     for block in (None, 128):
@@ -243,8 +243,8 @@ def test_fp8_weights_round_trip_is_close():
 def test_demo_model_end_to_end():
     pytest.importorskip("gguf")
     from speckv.hf import bundled_text, demo_gguf_path, load_demo_model
-    from speckv.hf.demo import prompts
-    from speckv.hf.evaluate import evaluate
+    from speckv.hf.codec.evaluate import evaluate
+    from speckv.hf.models.demo import prompts
 
     try:
         demo_gguf_path()
@@ -315,7 +315,7 @@ def test_a_plain_predictor_without_describe(calibrated):
 def test_fp8_predictor_on_every_core():
     """threads="all" is accepted only where a probe finds 1, 2 and all cores agree; the stream
     then records "any", and a decoder with another core count reads it."""
-    from speckv.hf.predictors import ThreadDependenceError
+    from speckv.hf.predictors.base import ThreadDependenceError
 
     model = tiny_model("llama")
     try:

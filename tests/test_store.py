@@ -168,7 +168,7 @@ def test_directory_backend_syncs_what_an_entry_needs(tmp_path, monkeypatch):
     """An acknowledged entry survives a crash only if its file, its name and its folders' names
     are on disk: put syncs the file, its folder, and the store's folder when it made a folder;
     a new store syncs the folder it was made in."""
-    import speckv.store as store_module
+    import speckv.store.directory as store_module
 
     synced: list[str] = []
     real_sync = store_module._sync_dir

@@ -78,7 +78,7 @@ def test_a_dead_lower_tier_costs_only_what_it_alone_held():
 
 def test_a_prefix_store_over_tiers_serves_exact_prefixes(tmp_path):
     torch = pytest.importorskip("torch")
-    from speckv.hf.free_store import FreePrefixStore
+    from speckv.hf.stores.free_store import FreePrefixStore
     from speckv.integrations.engine import open_backend
 
     backend = open_backend([str(tmp_path / "ram"), str(tmp_path / "disk")], max_bytes=[60_000, None])

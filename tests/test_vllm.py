@@ -39,7 +39,7 @@ def _vllm_python() -> str:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     python = _vllm_python()
-    from speckv.hf.demo import bundled_text, export_folder
+    from speckv.hf.models.demo import bundled_text, export_folder
 
     tmp = tmp_path_factory.mktemp("vllm")
     folder = export_folder(None, tmp / "model")
@@ -248,7 +248,7 @@ def workload(engine):
     question; and the run without a connector."""
     from transformers import AutoTokenizer
 
-    from speckv.hf.demo import bundled_text
+    from speckv.hf.models.demo import bundled_text
 
     ids = AutoTokenizer.from_pretrained(engine.folder).encode(bundled_text("evaluation"))
     docs = [ids[6000 + 300 * i : 6000 + 300 * i + 2 * BLOCK] for i in range(3)]

@@ -320,8 +320,8 @@ def info(data: Any) -> dict[str, Any]:
     blocks, metadata and each stream's facts (see ``speckv.container.describe``).
 
     >>> import numpy as np, speckv
-    >>> speckv.info(speckv.encode(np.zeros(64, dtype=np.float16)))["shape"]
-    [64]
+    >>> speckv.info(speckv.encode(np.zeros(64, dtype=np.float16)))["shape"] == [64]
+    True
     """
     arr = _stream_array(data)
     if bytes(arr[:4]) == b"SPKC":

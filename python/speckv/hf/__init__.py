@@ -8,9 +8,7 @@ keeps many such caches, deduplicated by token block, on a ``speckv.store`` backe
 ``FreePrefixStore`` keeps them without a predictor (speckv's fast lane: larger, restored by
 decoding alone).
 
->>> from speckv.hf import SpeculativeCodec, bundled_text, load_demo_model   # doctest: +SKIP
->>> from speckv.hf.cache import prefill                                      # doctest: +SKIP
->>> from speckv.hf.demo import prompts                                       # doctest: +SKIP
+>>> from speckv.hf import SpeculativeCodec, bundled_text, load_demo_model, prefill, prompts  # doctest: +SKIP
 >>> model, tokenizer = load_demo_model()                                     # doctest: +SKIP
 >>> codec = SpeculativeCodec(model)                                          # doctest: +SKIP
 >>> codec.calibrate(prompts(tokenizer, bundled_text("calibration"), 512, 32))  # doctest: +SKIP
@@ -22,15 +20,15 @@ decoding alone).
 
 from __future__ import annotations
 
-from .cache import build_cache, extract_kv
-from .calibration import Calibration, model_fingerprint
-from .codec import SpeculativeCodec
-from .demo import bundled_text, demo_gguf_path, load_demo_model, load_model
-from .early_exit import ModelPrefixPredictor, PrefixState
-from .free_store import FreePrefixStore
-from .layerwise import LayerRun, LayerwisePredictor
-from .predictors import ChannelStatsPredictor, Fp8Predictor, Predictor
-from .prefix_store import PrefixStore
+from .codec.codec import SpeculativeCodec
+from .models.cache import build_cache, extract_kv, prefill
+from .models.demo import bundled_text, demo_gguf_path, load_demo_model, load_model, prompts
+from .predictors.base import ChannelStatsPredictor, Fp8Predictor, Predictor
+from .predictors.calibration import Calibration, model_fingerprint
+from .predictors.early_exit import ModelPrefixPredictor, PrefixState
+from .predictors.layerwise import LayerRun, LayerwisePredictor
+from .stores.free_store import FreePrefixStore
+from .stores.prefix_store import PrefixStore
 
 __all__ = [
     "Calibration",
@@ -51,4 +49,6 @@ __all__ = [
     "load_demo_model",
     "load_model",
     "model_fingerprint",
+    "prefill",
+    "prompts",
 ]

@@ -4,12 +4,12 @@ checkpoint folder and a calibration file, with no Hugging Face model in memory.
 The engine holds the model; speckv needs only what its predictor reads. For the layer-wise
 predictors (``map``: layer 0 from the token ids, later layers from the decoded ones;
 ``prefix:N``: the first N layers) that is the embedding and the first layers, read from the
-checkpoint (``speckv.hf.checkpoint.load_trunk``); for ``stats`` nothing at all. The codec's
+checkpoint (``speckv.hf.models.checkpoint.load_trunk``); for ``stats`` nothing at all. The codec's
 identity (the checkpoint's fingerprint, the calibration, the predictor, the storage dtype, the
 block size) names every stored block, so an entry made under any other is never served.
 
 Without a calibration (``calibration=None``) the blocks are coded predictor-free with the fast
-lane (``speckv.hf.free_store.FreePrefixStore``): no calibration file, no weights, and a restore
+lane (``speckv.hf.stores.free_store.FreePrefixStore``): no calibration file, no weights, and a restore
 that is decoding alone, at about twice the stored size of a predicted one (bf16 and fp16).
 
 Every fault is the engine's cue to recompute: ``match`` answers 0 and ``load`` the tokens it
@@ -36,7 +36,7 @@ import torch
 from ..store import Backend, DirectoryBackend, RedisBackend
 
 if TYPE_CHECKING:
-    from ..hf.free_store import StoredBlock
+    from ..hf.stores.free_store import StoredBlock
 
 log = logging.getLogger("speckv.engine")
 
@@ -133,12 +133,12 @@ class EngineStore:
         max_bytes: int | Sequence[int | None] | None = None,
         name: str = "default",
     ) -> None:
-        from ..hf.calibration import Calibration
-        from ..hf.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
-        from ..hf.codec import SpeculativeCodec
-        from ..hf.free_store import FreePrefixStore
-        from ..hf.from_description import predictor_from_description
-        from ..hf.prefix_store import PrefixStore
+        from ..hf.codec.codec import SpeculativeCodec
+        from ..hf.codec.from_description import predictor_from_description
+        from ..hf.models.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
+        from ..hf.predictors.calibration import Calibration
+        from ..hf.stores.free_store import FreePrefixStore
+        from ..hf.stores.prefix_store import PrefixStore
 
         if cache_dtype not in CACHE_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in CACHE_DTYPES)
@@ -181,9 +181,9 @@ class EngineStore:
     def _free(self, folder: Path, backend: Backend, threads: int | None, coding: str) -> None:
         """The predictor-free (or raw) store (``calibration=None``): the model's config, no
         weights."""
-        from ..hf.architecture import text_config
-        from ..hf.checkpoint import _skeleton, checkpoint_fingerprint
-        from ..hf.free_store import FreePrefixStore
+        from ..hf.models.architecture import text_config
+        from ..hf.models.checkpoint import _skeleton, checkpoint_fingerprint
+        from ..hf.stores.free_store import FreePrefixStore
 
         if self.dtype == "fp8":
             raise ValueError(
@@ -264,7 +264,7 @@ class EngineStore:
         """A predictor-free store's entries of ``token_ids``' longest stored prefix from block
         ``start`` on, read and checked, for ``prefix.decode_layers`` to restore layer by layer
         (``FreePrefixStore.read_blocks``); ``[]`` on any fault, and for a predicted store."""
-        from ..hf.free_store import FreePrefixStore
+        from ..hf.stores.free_store import FreePrefixStore
 
         if not isinstance(self.prefix, FreePrefixStore):
             return []

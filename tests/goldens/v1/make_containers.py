@@ -31,9 +31,9 @@ import torch
 import transformers
 
 from speckv.hf import ChannelStatsPredictor, SpeculativeCodec
-from speckv.hf import codec as codec_module
-from speckv.hf.cache import extract_kv, prefill
-from speckv.hf.calibration import Calibration
+from speckv.hf.codec import codec as codec_module
+from speckv.hf.models.cache import extract_kv, prefill
+from speckv.hf.predictors.calibration import Calibration
 
 OUT = Path(__file__).resolve().parent / "containers"
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}

@@ -1,0 +1,306 @@
+"""The decoder's walks: a cache container back into each wanted layer's K and V, given the
+prediction. Whole-prompt predictors: every layer's parameters at once, a few layers a call on
+every thread. Layer-wise predictors: in the predictor's order, each decoded layer observed
+before the next is predicted (``layerwise``)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import _api, _speckv, container
+from ..._speckv import CorruptStreamError
+from ..models.cache import last_tokens
+from ..predictors.base import fixed_threads
+from .block_layout import join, per_layer_batch
+from .coding_params import CodingParams
+from .parallel import parallel
+from .target import Target, channel_major, cut_tokens, stack
+
+# per layer: its K's and V's decoded pieces (one per block)
+Parts = dict[int, list[list[torch.Tensor]]]
+
+
+def reads_joint(params: CodingParams, c: container.Container) -> bool:
+    """Whether the container was coded with the joint model (then the calibration, already
+    checked to be the encoder's, has it)."""
+    joint = bool(c.metadata.get("joint"))
+    if joint and not params.joint_layers:
+        raise CorruptStreamError("cache container: joint coding without a joint calibration")
+    return joint
+
+
+def decode_whole(
+    params: CodingParams,
+    c: container.Container,
+    prediction: list[tuple[torch.Tensor, torch.Tensor]],
+    wanted: list[int],
+    layers: list[int] | None,
+    threads: int | None,
+    joint: bool,
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """A whole-prompt predictor's container: the ``wanted`` layers' ``(K, V)`` (``layers``:
+    what was asked for, None for all), decoded against ``prediction`` (every layer's);
+    ``joint``: ``reads_joint``'s answer, asked before the predictor ran."""
+    mode = c.metadata["mode"]
+    if len(prediction) != c.layers:
+        raise ValueError(f"prediction: {len(prediction)} layers, the container has {c.layers}")
+    n = _api.resolve_threads(threads)
+
+    def target(layer: int, which: int) -> Target:
+        pred = last_tokens(prediction[layer][which], c.held(layer), layer)
+        return params.coding(mode, layer, which, None, pred, joint)
+
+    parts: Parts = {layer: [[], []] for layer in wanted}
+    # torch on one thread while the coder's threads decode: the small tensor operations
+    # between decode calls would otherwise wake torch's OpenMP workers, which then spin
+    # for milliseconds on the cores the coder runs on (measured: 1.2-1.3x slower restores)
+    with fixed_threads(1):
+        _decode_parts(params, c, wanted, layers, threads, n, target, joint, parts)
+    return {layer: (join(k), join(v)) for layer, (k, v) in parts.items()}
+
+
+def _decode_parts(
+    params: CodingParams,
+    c: container.Container,
+    wanted: list[int],
+    layers: list[int] | None,
+    threads: int | None,
+    n: int,
+    target: Callable[[int, int], Target],
+    joint: bool,
+    parts: Parts,
+) -> None:
+    """``decode_whole``'s walk: every wanted layer's pieces into ``parts``, a few layers at a
+    time (their coding parameters, not the whole cache's)."""
+    if c.layout == "stacked":
+        # whole chunks of every block's streams; all layers: enough chunks for the threads
+        group = math.lcm(*(s.layers_per_chunk for block in c.blocks for s in block if s is not None))
+        span = group * (n if layers is None else 1)
+        for first in sorted({layer // span * span for layer in wanted}):
+            stop = min(first + span, c.layers)
+            targets = [[target(layer, which) for layer in range(first, stop)] for which in (0, 1)]
+            outside: dict[int, np.ndarray] = {}
+            for b in range(len(c.blocks)):
+                for which in (0, 1):
+                    got = decode_stacked(params, c, b, which, first, targets[which], joint, outside, n)
+                    for layer, piece in zip(range(first, stop), got):
+                        if layer in parts:
+                            parts[layer][which].append(piece)
+    else:
+        span = per_layer_batch(n, len(c.blocks))
+        for i in range(0, len(wanted), span):
+            jobs = []
+            for layer in wanted[i : i + span]:
+                pair = [target(layer, which) for which in (0, 1)]
+                jobs += [(b, layer, pair) for b in range(len(c.blocks))]
+            out = parallel(lambda job: _decode_layer(params, c, job[0], job[1], job[2], joint), jobs, threads)
+            for (_, layer, _), got in zip(jobs, out):
+                for which, piece in enumerate(got):
+                    parts[layer][which].append(piece)
+
+
+def decode_stacked(
+    params: CodingParams,
+    c: container.Container,
+    b: int,
+    which: int,
+    first: int,
+    targets: list[Target],
+    joint: bool,
+    outside: dict[int, np.ndarray],
+    threads: int,
+) -> list[torch.Tensor]:
+    """Block ``b``'s K (``which=0``) or V of layers ``first, first + 1, ...`` of a stacked
+    container, one ``[batch, heads, tokens, dim]`` tensor per target (the layers' targets over
+    all their tokens, cut to the block here). Only those layers' chunks are read: cut out of
+    the block's stream (``speckv.cut_stream``) and decoded against these layers' parameters
+    alone. A jointly coded V reads its layers' K residuals in ``outside[b]``, which K's call
+    leaves there."""
+    stop = first + len(targets)
+    lo, hi = c.token_range(b)
+    part = [cut_tokens(t, lo, hi) for t in targets]
+    if joint:
+        part = [channel_major(t) for t in part]
+    _, mu, codes = stack(part)
+    stream = c.stream(b, first, which)
+    (start, _), skip = stream.chunks_of(first)
+    (_, end), _ = stream.chunks_of(stop - 1)
+    try:
+        data = _api.cut_stream(stream.data, (start, end)) if not skip else b""
+        shape = _speckv.info(np.frombuffer(data, dtype=np.uint8))["shape"] if data else None
+    except ValueError:
+        shape = None
+    if shape != list(mu.shape):
+        raise CorruptStreamError(
+            f"cache container: block {b}'s stream does not hold layers {first}..{stop - 1} in whole chunks"
+        )
+    model = None
+    if joint:
+        model = params.joint_model(c.metadata["mode"], which, hi - lo, outside.get(b), range(first, stop))
+    got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
+    if joint:
+        if which == 0:
+            outside[b] = _api.residuals(got, mu).reshape(len(targets), -1, hi - lo)
+        got = got.transpose(-1, -2)
+    return list(got)
+
+
+def _decode_layer(
+    params: CodingParams, c: container.Container, b: int, layer: int, targets: list[Target], joint: bool
+) -> list[torch.Tensor]:
+    """Block ``b``'s K and V of one layer (per-layer layout; ``targets``: the layer's K and V,
+    cut to the block here); empty where the layer holds none of the block's tokens. See
+    ``encode_walk._encode_layer``."""
+    outside: dict[int, np.ndarray] = {}
+    pieces = [decode_piece(params, c, b, layer, which, t, joint, outside, 1) for which, t in enumerate(targets)]
+    return [p for p in pieces if p is not None]
+
+
+def decode_piece(
+    params: CodingParams,
+    c: container.Container,
+    b: int,
+    layer: int,
+    which: int,
+    target: Target,
+    joint: bool,
+    outside: dict[int, np.ndarray],
+    threads: int,
+) -> torch.Tensor | None:
+    """Block ``b``'s K (``which=0``) or V of one layer of a per-layer container (``target``:
+    the layer's, cut to the block here); None where the layer holds none of the block's
+    tokens. A joint layer is channel-major, its V given the block's K residuals, which its K
+    leaves in ``outside[b]``."""
+    lo, hi = c.layer_range(b, layer)
+    if lo == hi:
+        return None
+    data = c.stream(b, layer, which).data
+    job = cut_tokens(target, lo, hi)
+    if not (joint and layer in params.joint_layers):
+        return _api.decode(data, job.mu, sigma_codes=job.codes, threads=threads)
+    _, mu, codes = channel_major(job)
+    given = outside.get(b) if which else None
+    model = params.joint_model(c.metadata["mode"], which, hi - lo, given, range(layer, layer + 1))
+    got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
+    if which == 0:
+        outside[b] = _api.residuals(got, mu).reshape(1, -1, hi - lo)
+    return got.transpose(-1, -2)
+
+
+def decode_layerwise(
+    params: CodingParams,
+    c: container.Container,
+    wanted: list[int],
+    threads: int | None,
+    pipeline: bool | None,
+    predictor_threads: int,
+    run: Any,
+    start_run: Callable[[], Any],
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Decodes a layer-wise predictor's container in the walk's order (see ``layerwise``), up
+    to the last layer asked for, block by block within each layer. ``run``: the predictor's
+    walk over the prompt, already started (e.g. on the next block of a prompt), or None to
+    start one with ``start_run`` once the container passed its checks; closed here.
+
+    The layers a run predicts without looking at decoded ones (``independent_layers``: the
+    model's own prefix) are decoded either as they are made, overlapped with the predictor's
+    forward pass (``pipeline=True``; pays where spare cores exist), or once the forward pass
+    ends, a few layers per call on every core (``pipeline=False``: on a machine whose cores the
+    forward pass already uses, sharing them slows it more than the decode gains). ``None``
+    picks overlap when the machine has more cores than the predictor's threads
+    (``predictor_threads``). Either way, the same bits; only a few layers' coding parameters
+    are held at a time."""
+    mode = c.metadata["mode"]
+    stacked = c.layout == "stacked"
+    if stacked and any(s is None or s.layers_per_chunk != 1 for block in c.blocks for s in block):
+        raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
+    n_threads = _api.resolve_threads(threads)
+    if pipeline is None:
+        pipeline = (os.cpu_count() or 1) > predictor_threads
+    out: dict[int, list[torch.Tensor]] = {}
+    upto = max(wanted) + 1
+    joint = reads_joint(params, c)
+    # joint: per block, the keys' residuals of the layers being decoded (the values'
+    # outside channels)
+    outside: dict[int, np.ndarray] = {}
+
+    def prepare(layer: int, which: int, pred: torch.Tensor) -> Target:
+        return params.coding(mode, layer, which, None, last_tokens(pred, c.held(layer), layer), joint)
+
+    def decode(first: int, which: int, targets: list[Target], n: int) -> list[torch.Tensor]:
+        """K or V of layers first.., every block of each joined."""
+
+        def block(b: int, n: int) -> list[torch.Tensor]:
+            if stacked:
+                return decode_stacked(params, c, b, which, first, targets, joint, outside, n)
+            piece = decode_piece(params, c, b, first, which, targets[0], joint, outside, n)
+            return [] if piece is None else [piece]
+
+        if joint and len(c.blocks) > 1 and n > 1:
+            # a jointly coded layer is one chunk, which one thread decodes: spread the
+            # token blocks over the threads instead (a block's values read only its own
+            # keys' residuals)
+            share = max(1, n // len(c.blocks))
+            blocks = parallel(lambda b: block(b, share), list(range(len(c.blocks))), n)
+        else:
+            blocks = [block(b, n) for b in range(len(c.blocks))]
+        return [join([blk[i] for blk in blocks if blk]) for i in range(len(targets))]
+
+    if run is None:
+        run = start_run()
+    quiet = contextlib.ExitStack()
+    try:
+        start = 0
+        independent = int(getattr(run, "independent_layers", 0))
+        free = min(independent, upto) if stacked and not pipeline else 0
+        if free:
+            wait = getattr(run, "wait", None)
+            if callable(wait):
+                wait()  # the forward pass first: it has the cores
+            # a few layers a call: chunks enough for every thread
+            per_layer = min(s.chunks_per_layer for block in c.blocks for s in block if s is not None)
+            span = max(1, -(-n_threads // per_layer))
+            for first in range(0, free, span):
+                layers = range(first, min(first + span, free))
+                for which in (0, 1):
+                    targets = [prepare(layer, which, run.predict(layer, which)) for layer in layers]
+                    for layer, value in zip(layers, decode(first, which, targets, n_threads)):
+                        out.setdefault(layer, []).append(value)
+                for layer in layers:
+                    for which in (0, 1):
+                        run.observe(layer, which, params.observed(mode, layer, which, out[layer][which]))
+            start = free
+        for layer in range(start, upto):
+            if layer == independent:
+                quiet.enter_context(quiet_torch(run))
+            out[layer] = []
+            for which in (0, 1):
+                target = prepare(layer, which, run.predict(layer, which))
+                value = decode(layer, which, [target], n_threads)[0]
+                out[layer].append(value.reshape(target.mu.shape))
+                run.observe(layer, which, params.observed(mode, layer, which, out[layer][which]))
+    finally:
+        quiet.close()
+        run.close()
+    return {layer: (out[layer][0], out[layer][1]) for layer in wanted}
+
+
+@contextlib.contextmanager
+def quiet_torch(run: Any) -> Iterator[None]:
+    """The walk past a run's independent layers (its maps, one layer at a time): torch on one
+    thread once the run's background work is over. A layer's products are small; with more
+    threads, torch's workers keep spinning on the cores the decoder's threads need next
+    (measured: a layer's decode 1.3 ms instead of 2.4). Thread counts are process-wide in
+    torch, so this waits for the forward pass to end first."""
+    wait = getattr(run, "wait", None)
+    if callable(wait):
+        wait()
+    with fixed_threads(1):
+        yield

@@ -1,0 +1,97 @@
+"""What a ``ModelPrefixPredictor``'s maps read: their sources (the previous layers' K and V, the
+hidden state, V's own K), the fallback sources where a sliding window lost tokens, and the
+features built from them."""
+
+from __future__ import annotations
+
+import torch
+
+from .rope import Ropes
+
+HISTORY = 2
+# The maps' name for that hidden state among their sources (``[batch, 1, tokens, hidden]``).
+HIDDEN = (-1, 2)
+
+
+def _hidden_source(h: torch.Tensor) -> torch.Tensor:
+    """A hidden state ``[batch, tokens, hidden]`` as the maps' source HIDDEN: ``[batch, 1,
+    tokens, hidden]`` float32 (one "head" of ``hidden`` channels)."""
+    return h.float()[:, None]
+
+
+def _tokens(t: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, seq, dim] -> [batch * seq, heads * dim]."""
+    b, h, s, d = t.shape
+    return t.permute(0, 2, 1, 3).reshape(b * s, h * d)
+
+
+def _untokens(x: torch.Tensor, like: tuple[int, ...]) -> torch.Tensor:
+    b, h, s, d = like
+    return x.reshape(b, s, h, d).permute(0, 2, 1, 3).contiguous()
+
+
+def _sources(layer: int, which: int, hidden: bool = False) -> list[tuple[int, int]]:
+    """(layer, K/V) pairs a map reads: both tensors of the previous HISTORY layers, with
+    ``hidden`` the prefix's hidden state (HIDDEN), and for V also the K of its own layer."""
+    out = [(src, w) for src in range(layer - 1, layer - 1 - HISTORY, -1) if src >= 0 for w in (0, 1)]
+    if hidden:
+        out.append(HIDDEN)
+    if which == 1:
+        out.append((layer, 0))
+    return out
+
+
+def _covers(windows: list[int | None], src: int, layer: int) -> bool:
+    """Whether layer ``src``'s cache holds every token layer ``layer``'s does (a full layer
+    does; a sliding one only for a target of no larger window)."""
+    mine, theirs = windows[layer], windows[src]
+    return theirs is None or (mine is not None and theirs >= mine)
+
+
+def _fallback_sources(
+    layer: int, which: int, windows: list[int | None], hidden: bool = False
+) -> list[tuple[int, int]] | None:
+    """Where a map's sources (``_sources``) may lack tokens its layer holds (a full layer
+    above sliding-window ones: on prompts longer than the window, its early tokens have left
+    theirs), the sources of its fallback map for those tokens: the nearest HISTORY earlier
+    layers that hold them all (none: the map's bias alone, the channels' means), and for V
+    its own K. ``None`` where every source covers the layer."""
+    if all(_covers(windows, src, layer) for src, _ in _sources(layer, which) if 0 <= src != layer):
+        return None
+    covering = [src for src in range(layer - 1, -1, -1) if _covers(windows, src, layer)][:HISTORY]
+    out = [(src, w) for src in covering for w in (0, 1)]
+    if hidden:  # every token's: the prompt's forward pass
+        out.append(HIDDEN)
+    if which == 1:
+        out.append((layer, 0))
+    return out
+
+
+Observed = dict[tuple[int, int], torch.Tensor]
+
+
+def _features(observed: Observed, sources: list[tuple[int, int]], ropes: Ropes, rows: int) -> torch.Tensor:
+    """The map's inputs at the last ``rows`` positions, ``[batch * rows, features]``: each
+    source's K (un-RoPEd) or V there, zero where the source does not hold the position (see
+    ``_missing``)."""
+    cols = []
+    for src, w in sources:
+        t = observed[src, w].float()
+        t = ropes.of(src).unrope(t) if w == 0 else t
+        n = t.shape[2]
+        if n > rows:
+            t = t[:, :, n - rows :]
+        elif n < rows:
+            t = torch.nn.functional.pad(t, (0, 0, rows - n, 0))
+        cols.append(_tokens(t))
+    if not cols:
+        b = next(iter(observed.values())).shape[0] if observed else 1
+        return torch.zeros(b * rows, 0)
+    return torch.cat(cols, dim=1)
+
+
+def _missing(observed: Observed, sources: list[tuple[int, int]], rows: int) -> int:
+    """How many of the last ``rows`` positions some source does not hold (the first ones:
+    every layer holds the last tokens)."""
+    held = [observed[src, w].shape[2] for src, w in sources]
+    return max(0, rows - min(held)) if held else 0

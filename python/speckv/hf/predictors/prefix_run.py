@@ -1,0 +1,101 @@
+"""One prompt's walk for a ``ModelPrefixPredictor``: the forward pass of its prefix on a
+background thread, the maps on the caller's, the decoded layers kept while a map reads them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from .map_sources import HIDDEN, _hidden_source
+from .prefix_pass import PrefixState, _Stop
+from .rope import Ropes
+
+
+class _PrefixRun:
+    """One prompt's walk for ``ModelPrefixPredictor``: the forward pass of the model's prefix
+    on a background thread, the maps on the caller's. ``predictor``: the ``ModelPrefixPredictor``
+    (typed loosely: its module imports this one)."""
+
+    def __init__(self, predictor: Any, input_ids: torch.Tensor, state: PrefixState | None) -> None:
+        self.p = predictor
+        self.state = state
+        self.offset = state.tokens if state is not None else 0  # the block's first position
+        self.observed: dict[tuple[int, int], torch.Tensor] = {}
+        self.last_reader = predictor.last_reader()
+        # the forward pass's K/V per layer, in the model's dtype (half of float32), until the
+        # walk has taken both
+        self.made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.error: BaseException | None = None
+        self.done = False
+        self.cond = threading.Condition()
+        self.ropes: Ropes | None = None
+        self.scratch: dict[int, torch.Tensor] = {}
+        self.shape: tuple[int, ...] | None = None
+        # layers predicted without looking at decoded ones: the codec may decode them in bulk
+        self.independent_layers = predictor.layers
+        self.hidden: torch.Tensor | None = None  # the maps' HIDDEN source, once the pass made it
+        self.thread = threading.Thread(target=self._forward, args=(input_ids,), name="speckv-prefix", daemon=True)
+        self.thread.start()
+
+    def _sink(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        with self.cond:
+            if self.shape is None:  # the forward pass's new keys: every position of the prompt
+                self.shape = tuple(k.shape)
+            self.made[layer] = (k.detach(), v.detach())
+            self.cond.notify_all()
+
+    def _hidden(self, h: torch.Tensor) -> None:
+        self.hidden = _hidden_source(h)
+
+    def _forward(self, input_ids: torch.Tensor) -> None:
+        try:
+            self.p.prefix(input_ids, self._sink, self.state, self._hidden if self.p.hidden else None)
+        except BaseException as e:  # handed to the walking thread
+            self.error = e
+        finally:
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+    def predict(self, layer: int, which: int) -> torch.Tensor:
+        if layer < self.p.layers:
+            with self.cond:
+                while layer not in self.made and not self.done:
+                    self.cond.wait()
+                if layer not in self.made:
+                    raise RuntimeError(f"the model's prefix did not produce layer {layer}") from self.error
+                made = self.made[layer]
+                if which == 1:  # the walk takes K, then V: the layer is done with
+                    del self.made[layer]
+            return made[which].float()
+        # Maps touch torch's thread count: only once the forward pass has ended.
+        self.thread.join()
+        if self.error is not None and not isinstance(self.error, _Stop):
+            raise RuntimeError("the model's prefix failed") from self.error
+        if self.shape is None:
+            raise RuntimeError("the model's prefix produced no layer")
+        if self.ropes is None:  # on the first map
+            self.ropes = Ropes(self.p.model, self.shape[2], self.shape[3], start=self.offset)
+            if self.p.hidden:
+                if self.hidden is None:
+                    raise RuntimeError("the model's prefix produced no hidden state")
+                self.observed[HIDDEN] = self.hidden
+        return self.p.map_predict(layer, which, self.observed, self.ropes, self.shape, self.scratch)
+
+    def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
+        # kept only while a map still reads it (the next layers' maps, fallback maps further
+        # down): a walk holds a few layers, not the cache
+        if self.last_reader.get((layer, which), -1) >= layer:
+            self.observed[layer, which] = value
+        if which == 1:
+            for old in [key for key in self.observed if self.last_reader[key] <= layer]:
+                del self.observed[old]
+
+    def wait(self) -> None:
+        """Returns once the forward pass has ended (and restored torch's thread count)."""
+        self.thread.join()
+
+    def close(self) -> None:
+        self.thread.join()

@@ -1,0 +1,180 @@
+"""``SpeckvConnector``: the class vLLM builds, its settings read once (the module docs of
+``speckv.integrations.vllm``), its two roles' methods from ``scheduler_side`` and
+``worker_side``, and its counters."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.logger import init_logger
+
+from ..engine import MEMORY, EngineStore, memory_tier_path
+from ..layer_loader import LayerLoader
+from ..paged import PagedLayout, UnsupportedLayoutError
+from ..saver import BackgroundSaver
+from .requests import _FREE, DEFAULT_SAVE_QUEUE, DEFAULT_SAVE_WAIT_S, _LayerLoad, cache_dtype
+from .scheduler_side import _SchedulerSide
+from .worker_side import _WorkerSide
+
+logger = init_logger(__name__)
+
+
+class SpeckvConnector(_SchedulerSide, _WorkerSide):
+    """The connector (see the module docs). vLLM builds it twice: with the scheduler role
+    (matching prompts against the store) and with the worker role (decoding and storing)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        predictor = extra.get("predictor")
+        if predictor is not None and predictor not in _FREE:
+            raise ValueError(f"SpeckvConnector: predictor must be one of {sorted(_FREE)} or absent, got {predictor!r}")
+        free = predictor is not None
+        for needed in ("store",) if free else ("store", "calibration"):
+            if needed not in extra:
+                raise ValueError(
+                    f"SpeckvConnector: kv_connector_extra_config needs {needed!r} (see speckv.integrations.vllm)"
+                )
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        if len(groups) > 1:
+            raise UnsupportedLayoutError(
+                f"SpeckvConnector: the model has {len(groups)} KV cache groups (sliding-window layers); "
+                "speckv's connector stores models with one"
+            )
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._dtype = cache_dtype(vllm_config)
+        queue_depth = int(extra.get("save_queue", DEFAULT_SAVE_QUEUE))
+        if queue_depth < 0:
+            raise ValueError(f"SpeckvConnector: save_queue must be >= 0, got {queue_depth}")
+        # the memory tier is this engine's: named by its id, which every process of it shares
+        name = str(self._kv_transfer_config.engine_id or "default")
+        worker = self._worker = role == KVConnectorRole.WORKER
+
+        def store(backend: Any = None, threads: int | None = None) -> EngineStore:
+            return EngineStore(
+                vllm_config.model_config.model,
+                None if free else extra["calibration"],
+                extra["store"] if backend is None else backend,
+                block_size=self._block_size,
+                cache_dtype=self._dtype,
+                weights=worker,
+                joint=extra.get("joint"),
+                threads=threads,
+                coding=_FREE[predictor] if predictor is not None else "fast",
+                max_bytes=extra.get("max_bytes") if backend is None else None,
+                name=name,
+            )
+
+        self.store = store()
+        # restores layer by layer: the predictor-free stores (module docs)
+        self._loader: LayerLoader | None = None
+        self._layer_loads: list[_LayerLoad] = []
+        if worker and free and bool(extra.get("load_by_layer", True)):
+            self._loader = LayerLoader()
+        # the background saver codes with a store of its own (its own predictor state), on the
+        # same backend: loads never wait for a save's codec
+        self._saver: BackgroundSaver | None = None
+        if worker and queue_depth:
+            saving = store(self.store.backend, threads=int(extra.get("save_threads", 1)))
+            self._saving_store: EngineStore | None = saving
+            nice = extra.get("save_nice", 19)
+            self._saver = BackgroundSaver(self._save_now, depth=queue_depth, nice=None if nice is None else int(nice))
+        else:
+            self._saving_store = None
+        self._stats_file = extra.get("stats_file")
+        # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
+        self._loads: list[list[Any]] = []
+        # time inside the engine's step: loading (decode and write), copying blocks out to store
+        self._seconds = {
+            "load_s": 0.0,
+            "save_copy_s": 0.0,
+            "layer_wait_s": 0.0,
+            "loader_busy_s": 0.0,
+            "save_wait_s": 0.0,
+        }
+        self._counters = {
+            "matches": 0,
+            "tokens_matched": 0,
+            "tokens_loaded": 0,
+            "blocks_failed": 0,
+            "save_waits": 0,
+        }
+        self._save_wait_s = float(extra.get("save_wait_s", DEFAULT_SAVE_WAIT_S))
+        # scheduler: saves asked of the workers, [whole-block tokens, when to stop waiting for
+        # them (None until the step that asked for them has run: the clock starts when the
+        # worker has the blocks, not when the prefill that computes them begins), the step],
+        # and requests waiting for one (request id -> when it began waiting)
+        self._pending_saves: list[list[Any]] = []
+        self._step = 0
+        self._waiting: dict[str, float] = {}
+        specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
+        self._memory_tier = memory_tier_path(name) if MEMORY in specs else None
+        if self._memory_tier is not None and role == KVConnectorRole.SCHEDULER:
+            atexit.register(shutil.rmtree, self._memory_tier, True)
+        if role == KVConnectorRole.SCHEDULER and self._stats_file:
+            atexit.register(self._write_stats)
+        if role == KVConnectorRole.SCHEDULER and extra.get("load_failure", "recompute") == "recompute":
+            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+                logger.info(
+                    "speckv: kv_load_failure_policy set to 'recompute' (a block speckv cannot serve is computed)"
+                )
+        # scheduler side
+        self._matched: dict[str, int] = {}
+        self._need_load: dict[str, tuple[int, list[int]]] = {}
+        self._saving: dict[str, dict[str, Any]] = {}
+        # worker side
+        self._caches: dict[int, torch.Tensor] = {}
+        self._names: dict[str, int] = {}
+        self._layout: PagedLayout | None = None
+        # per request, per layer: its blocks copied out of vLLM's buffer (PagedLayout.copy_blocks)
+        self._captured: dict[str, dict[int, torch.Tensor]] = {}
+        self._load_errors: set[int] = set()
+        self._unusable: str | None = None
+        self._scales_checked = False
+
+    def stats(self) -> dict[str, Any]:
+        """This side's counters: prompts matched and tokens matched (scheduler), tokens loaded and
+        blocks that failed (worker), the saver's, and the tier's (``BlockChain.stats``: hits,
+        misses, holes, declined, corrupt entries, store errors; blocks, bytes, evictions)."""
+        out: dict[str, Any] = {"role": "worker" if self._worker else "scheduler"}
+        out.update(self._counters)
+        if self._loader is not None:
+            self._seconds["layer_wait_s"] = self._loader.waited_s
+            self._seconds["loader_busy_s"] = self._loader.busy_s
+        out.update({k: round(v, 4) for k, v in self._seconds.items()})
+        tier: dict[str, Any]
+        try:
+            tier = dict(self.store.prefix.stats())
+        except Exception as e:  # the counters still count when the store is gone
+            tier = {**self.store.prefix.stats_counters(), "stats_error": str(e)}
+        if self._saving_store is not None:
+            for k, v in self._saving_store.prefix.stats_counters().items():
+                tier[k] += v
+        out["tier"] = tier
+        tiers = getattr(self.store.backend, "tier_stats", None)
+        if tiers is not None:
+            out["tiers"] = tiers()
+        if self._saver is not None:
+            out["saver"] = self._saver.counters()
+        if self._worker:
+            out["loads"] = list(self._loads)
+        return out
+
+    def _write_stats(self) -> None:
+        if not self._stats_file:
+            return
+        stats = self.stats()
+        path = Path(self._stats_file)
+        if stats["role"] == "scheduler":
+            path = path.with_suffix(".scheduler.json")
+        try:
+            path.write_text(json.dumps(stats, indent=1))
+        except OSError as e:
+            logger.warning("speckv: could not write stats_file %s: %s", path, e)
