@@ -78,6 +78,11 @@ def engine(tmp_path_factory):
     return Engine(python, str(folder), str(calibration), prompts, str(tmp))
 
 
+def _speckv_lines(run) -> str:
+    """What the connector logged in a run (its faults say why a block was not served)."""
+    return "\n".join(line for line in run.get("log", "").splitlines() if "speckv" in line)[-3000:]
+
+
 def _records(run, kind: str) -> dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     folder = run["record"]
     if not folder.exists():
@@ -139,7 +144,7 @@ def test_after_a_restart_the_injected_kv_is_the_stored_runs_bit_for_bit(runs):
     for req, layers in injected.items():
         assert sorted(layers) == list(range(30))
         for layer, (k, v) in layers.items():
-            assert k.shape[2] == 2 * BLOCK
+            assert k.shape[2] == 2 * BLOCK, f"{req}: {k.shape[2]} tokens injected; {_speckv_lines(runs['hit'])}"
             assert torch.equal(k, first[layer][0][:, :, : 2 * BLOCK]), (req, layer)
             assert torch.equal(v, first[layer][1][:, :, : 2 * BLOCK]), (req, layer)
 

@@ -27,6 +27,10 @@ The forward pass runs on a background thread, so that a decoder may code layer `
 model computes layer ``l + 1`` (``decompress(pipeline=True)``); maps run on the calling thread
 after the forward pass has finished (torch's thread count is process-wide: it is never changed
 while another thread computes). ``PrefixState`` runs a prompt block by block (the prefix store).
+
+This module holds the predictor itself; its parts live beside it: the forward pass
+(``prefix_pass``), one prompt's walk (``prefix_run``), what the maps read (``map_sources``)
+and how they are fitted (``map_fit``).
 """
 
 from __future__ import annotations
