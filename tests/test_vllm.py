@@ -302,8 +302,13 @@ def test_a_budget_the_raw_tier_thrashes_in_holds_every_compressed_document(engin
         if n in (0, 2 * BLOCK):
             assert got["output"] == want
     for stats in (raw_stats, fast_stats):
-        assert stats["tier"]["bytes"] <= budget and stats["blocks_failed"] == 0
+        assert stats["tier"]["bytes"] <= budget
         assert stats["saver"]["saved"] >= 3 and stats["saver"]["dropped"] == 0 and stats["saver"]["failed"] == 0
+    # the scheduler matches against the tier's index and the worker reads a step later: a raw
+    # block a save evicted in between is computed instead (counted), never served wrong; the
+    # fast lane's tier evicts nothing, so it serves every block it matched
+    assert fast_stats["blocks_failed"] == 0
+    assert raw_stats["blocks_failed"] <= raw_stats["tier"]["evictions"]
     assert set(Path("/dev/shm").glob("speckv-*")) <= tiers_before  # each tier went with its engine
 
 
