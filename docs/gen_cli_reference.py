@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import sys
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parent / "cli.md"
+# the help text's width (what a 100-column terminal gets)
+WIDTH = 98
 
 
 def render() -> str:
@@ -16,7 +18,6 @@ def render() -> str:
     ``speckv COMMAND --help`` prints them."""
     from speckv.cli import build_parser
 
-    os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal's width: one width here
     parser = build_parser()
     out = [
         "# CLI reference",
@@ -31,6 +32,8 @@ def render() -> str:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name, command in sub.choices.items():
         command.prog = f"speckv {name}"
+        # argparse wraps help to the terminal's width unless told one: the page's is fixed
+        command.formatter_class = functools.partial(command.formatter_class, width=WIDTH)
         text = command.format_help().rstrip()
         out += [f"## `speckv {name}`", "", "```text", text, "```", ""]
     return "\n".join(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import functools
 import pathlib
 import re
 
@@ -53,16 +54,12 @@ def test_the_docs_pages_are_all_in_the_site():
     assert sorted(pages(nav)) == sorted([*PAGES, "cli.md"])
 
 
-_LOADED: list = []
-
-
+@functools.lru_cache(maxsize=1)
 def _demo_model():
     """``speckv.hf.load_demo_model()``, loaded once for the pages that use it."""
-    if not _LOADED:
-        from speckv.hf.models.demo import load_demo_model
+    from speckv.hf.models.demo import load_demo_model
 
-        _LOADED.append(load_demo_model())
-    return _LOADED[0]
+    return load_demo_model()
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -50,7 +50,3 @@ class _ConnectorState(KVConnectorBase_V1):
     _load_errors: set[int]
     _unusable: str | None
     _scales_checked: bool
-
-    def _write_stats(self) -> None:
-        """Writes the counters to ``stats_file`` (``SpeckvConnector``)."""
-        raise NotImplementedError
