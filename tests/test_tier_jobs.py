@@ -12,11 +12,11 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SPECIALS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from helpers import SPECIALS
 from speckv import CorruptStreamError
 from speckv._sizes import parse_size
 from speckv.integrations.chunk_codec import ChunkCodec, engine_dtype

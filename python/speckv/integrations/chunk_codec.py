@@ -113,8 +113,10 @@ class ChunkCodec:
         # the fast lane codes 8- and 16-bit floats; anything else is stored as it is
         self.coding = coding if self.dtype not in ("uint8", "float32") else "none"
         self.channels = channels
-        self.namespace = {"key_version": KEY_VERSION, **dict(namespace), "dtype": self.dtype, "chunk_bytes": chunk_bytes}
-        self._salt = hashlib.blake2b(json.dumps(self.namespace, sort_keys=True, default=str).encode(), digest_size=16).digest()
+        self.namespace = {"key_version": KEY_VERSION, **dict(namespace)}
+        self.namespace.update(dtype=self.dtype, chunk_bytes=chunk_bytes)
+        named = json.dumps(self.namespace, sort_keys=True, default=str).encode()
+        self._salt = hashlib.blake2b(named, digest_size=16).digest()
 
     def key(self, offload_key: bytes) -> str:
         """The store key of the engine's chunk key ``offload_key`` (32 hex digits)."""
@@ -126,7 +128,8 @@ class ChunkCodec:
         raw = np.frombuffer(chunk, dtype=np.uint8) if not isinstance(chunk, np.ndarray) else chunk.reshape(-1)
         if raw.nbytes != self.chunk_bytes:
             raise ValueError(f"chunk: expected {self.chunk_bytes} bytes, got {raw.nbytes}")
-        head = HEADER.pack(MAGIC, PAYLOAD_VERSION, _CODING_IDS[self.coding], DTYPE_CODES[self.dtype], 0, self.chunk_bytes)
+        coding, dtype = _CODING_IDS[self.coding], DTYPE_CODES[self.dtype]
+        head = HEADER.pack(MAGIC, PAYLOAD_VERSION, coding, dtype, 0, self.chunk_bytes)
         if self.coding == "none":
             return head + raw.tobytes()
         scalars = raw.view(np.uint8).view(_arrays.numpy_dtype(self.dtype))

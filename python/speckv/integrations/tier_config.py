@@ -8,10 +8,10 @@ when the server starts instead of leaving the tier unbounded.
 
 >>> TierConfig.parse({"store": "memory", "max_bytes": "8GB"}).max_bytes
 8000000000
->>> TierConfig.parse({"store": "memory", "max_byte": "8GB"})
+>>> TierConfig.parse({"store": "memory", "max_byte": "8GB"})  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-ValueError: SpeckvTier: unknown key 'max_byte' (did you mean 'max_bytes'?); known keys: channels, codec, enable_kv_events, locality, max_bytes, max_pending, name, store, workers
+ValueError: SpeckvTier: unknown key 'max_byte' (did you mean 'max_bytes'?); known keys: channels, ...
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ class TierJobs:
         on_stored: Callable[[list[bytes]], None] | None = None,
     ) -> None:
         if primary.ndim != 2 or primary.dtype.itemsize != 1 or primary.shape[1] != codec.chunk_bytes:
-            raise ValueError(f"primary: expected [chunks, {codec.chunk_bytes}] bytes, got {primary.dtype} {list(primary.shape)}")
+            got = f"{primary.dtype} {list(primary.shape)}"
+            raise ValueError(f"primary: expected [chunks, {codec.chunk_bytes}] bytes, got {got}")
         self.primary = primary
         self.backend = backend
         self.codec = codec
@@ -184,8 +185,10 @@ class TierJobs:
         return out
 
     def shutdown(self) -> None:
+        """Waits for every job, then lets go of the host buffer (the engine unmaps it)."""
         self.drain()
         self._pool.shutdown(wait=True)
+        self.primary = np.empty((0, self.codec.chunk_bytes), dtype=np.uint8)
 
     # -- the pool's side ----------------------------------------------------------------------
 

@@ -189,7 +189,8 @@ class SpeckvTier(SecondaryTierManager):
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
         out: dict[str, OffloadingMetricMetadata] = {
-            name: OffloadingCounterMetadata(documentation=_DOCS[key], labelnames=("name",)) for key, name in METRICS.items()
+            name: OffloadingCounterMetadata(documentation=_DOCS[key], labelnames=("name",))
+            for key, name in METRICS.items()
         }
         out[RESIDENT] = OffloadingGaugeMetadata(
             documentation="Bytes of entries the speckv tier's backend holds.", labelnames=("name",)
@@ -212,7 +213,9 @@ class SpeckvTier(SecondaryTierManager):
         return None if stats.is_empty() else stats
 
     def _stored(self, keys: list[bytes]) -> None:
-        event = OffloadingEvent(keys=[OffloadKey(k) for k in keys], medium=self.medium, removed=False, locality=self.locality)
+        event = OffloadingEvent(
+            keys=[OffloadKey(k) for k in keys], medium=self.medium, removed=False, locality=self.locality
+        )
         with self._events_lock:
             if self._events is not None:
                 self._events.append(event)
