@@ -17,3 +17,13 @@ python3 benches/bench_cuda.py --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/ben
 # vLLM's GPU paged layouts on CUDA tensors (issue 37): every layout and dtype read, written and
 # round-tripped exactly, and the device<->host copies of a request's blocks against pinned copies
 python3 benches/bench_paged_gpu.py --json "$OUT/bench_paged_gpu.json" 2>&1 | tee "$OUT/paged.txt"
+# speckv's secondary tier under a GPU engine (benches/gpu_tier_check.py): vLLM's
+# OffloadingConnector + TieringOffloadingSpec + SpeckvTier, the same prompt twice with the
+# prefix cache reset between, outputs equal to an engine without the connector. Needs vLLM
+# (a GPU build) on the machine and a model folder (SPECKV_GPU_MODEL); says why where either
+# is missing.
+if [ -n "${SPECKV_GPU_MODEL:-}" ]; then
+    python3 benches/gpu_tier_check.py --model "$SPECKV_GPU_MODEL" --json "$OUT/gpu_tier.json" 2>&1 | tail -n 40 | tee "$OUT/gpu_tier.txt"
+else
+    echo "skipped: SPECKV_GPU_MODEL (a transformers folder, e.g. speckv export smollm2-hf) is not set" | tee "$OUT/gpu_tier.txt"
+fi

@@ -28,6 +28,7 @@ REQUIREMENTS = {
     "cxx": ("no C++ compiler",),
     "cuda": ("no CUDA device", "cuda-bindings", "NVRTC cannot run"),
     "lmcache": ("LMCache", "lmcache"),
+    "lmcache-venv": ("LMCache virtualenv",),
     "torch": ("torch", "transformers", "gguf"),
     "avx512": ("AVX-512",),
     "avx2": ("AVX2",),

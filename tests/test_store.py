@@ -290,6 +290,66 @@ def _start_redis(server: str, port: int, folder, *options: str) -> subprocess.Po
     pytest.skip("redis-server did not start")
 
 
+def start_redis_cluster(folder, masters: int = 3) -> tuple[str, list[subprocess.Popen]]:
+    """A Redis Cluster of ``masters`` masters on loopback ports (the OS package's
+    ``redis-server`` and ``redis-cli --cluster create``), once every slot is served:
+    (``redis-cluster://`` URL, the server processes). Skips the test if it cannot start."""
+    server = redis_server()
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        pytest.skip("redis-cli is not installed (apt-get install redis-server; .ci/run does)")
+    ports = [_free_port() for _ in range(masters)]
+    procs = []
+    for port in ports:
+        node = folder / str(port)
+        node.mkdir()
+        procs.append(
+            _start_redis(server, port, node, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        )
+    create = subprocess.run(
+        [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0", "--cluster-yes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    deadline = time.time() + 30
+    while create.returncode == 0 and time.time() < deadline:
+        info = subprocess.run([cli, "-p", str(ports[0]), "cluster", "info"], capture_output=True, text=True)
+        if "cluster_state:ok" in info.stdout:
+            return f"redis-cluster://127.0.0.1:{ports[0]}", procs
+        time.sleep(0.1)
+    for proc in procs:
+        proc.kill()
+    pytest.skip(f"the Redis Cluster did not form: {create.stdout[-300:]} {create.stderr[-300:]}")
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_url(tmp_path_factory):
+    url, procs = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield url
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_redis_cluster_stores_every_key_on_its_slots_master(redis_cluster_url):
+    """Entries spread over the cluster's masters; every call answers as a single server's:
+    first writer wins, absent keys are None, a deleted key is gone, keys() sees every node."""
+    store = RedisBackend(redis_cluster_url, prefix="t:")
+    keys = [hashlib.sha256(bytes([i])).hexdigest()[:32] for i in range(64)]
+    for k in keys:
+        assert store.put(k, pack_entry(k.encode() * 100, k))
+        assert not store.put(k, b"other")
+    assert sorted(store.keys()) == sorted(keys)
+    nodes = {store.client.get_node_from_key("t:" + k).name for k in keys}
+    assert len(nodes) == 3  # on every master
+    assert all(unpack_entry(store.get(k), k) == k.encode() * 100 for k in keys)
+    store.delete(keys[0])
+    assert store.get(keys[0]) is None and not store.has(keys[0]) and store.has(keys[1])
+    assert store.nbytes() == sum(len(pack_entry(k.encode() * 100, k)) for k in keys[1:])
+    assert "cluster" in repr(store)
+
+
 def test_a_redis_server_killed_and_restarted_mid_chain(tmp_path):
     """The server dies after two of a chain's entries: every call then raises StoreError (never
     a wrong or partial answer); restarted empty (no persistence), the lost entries are absent,

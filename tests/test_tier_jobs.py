@@ -275,3 +275,13 @@ def test_tier_config_refuses_what_cannot_work_naming_the_key():
         assert message in str(e.value), what
         assert "\n" not in str(e.value), what
     assert TierConfig.parse({"store": "/tmp/x"}).max_bytes is None  # a folder may go unbounded
+
+
+def test_the_guide_lists_every_key_of_the_tier():
+    """docs/guides/vllm-offloading.md's table of keys is TierConfig's, no more, no fewer."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "vllm-offloading.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \|", page, re.M)
+    assert sorted(table) == TierConfig.keys()

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 pytest.importorskip("vllm.v1.kv_offload.tiering.base")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
+from test_store import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 from tiering_driver import SPECKV_TIER, TieringDriver, kv_rows, offload_key  # noqa: E402
 from vllm.v1.kv_offload.base import ReqContext  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
@@ -161,10 +162,12 @@ def test_concurrent_jobs_from_many_requests_all_round_trip():
     driver.shutdown()
 
 
-@pytest.mark.parametrize("backend", ["folder", "redis"])
+@pytest.mark.parametrize("backend", ["folder", "redis", "cluster"])
 def test_a_restarted_server_serves_what_the_last_one_stored(backend, tmp_path, request):
-    store = str(tmp_path / "tier") if backend == "folder" else request.getfixturevalue("redis_url")
-    options = {"store": store, "max_bytes": None} if backend == "redis" else {"store": store, "max_bytes": "64MB"}
+    if backend == "folder":
+        options = {"store": str(tmp_path / "tier"), "max_bytes": "64MB"}
+    else:
+        options = {"store": request.getfixturevalue("redis_url" if backend == "redis" else "redis_cluster_url")}
     rows = rows_of("bfloat16")[:4]
     keys = [offload_key(i) for i in range(len(rows))]
     first = TieringDriver([tier(**options)], cpu_chunks=6, block_bytes=rows[0].nbytes)
@@ -255,12 +258,15 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_two_servers_share_one_redis_and_a_killed_writer_leaves_nothing_wrong(redis_url, tmp_path):
-    """Server A stores chunks over Redis until it is killed mid-save (SIGKILL); server B, its own
-    process with its own primary, serves every chunk A's Redis holds bit for bit, and none it
-    does not (a partial write is never visible: ``SET NX`` of a whole checksummed entry)."""
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_two_servers_share_one_redis_and_a_killed_writer_leaves_nothing_wrong(kind, tmp_path, request):
+    """Server A stores chunks over Redis (one server, or a cluster of three masters) until it is
+    killed mid-save (SIGKILL); server B, its own process with its own primary, serves every
+    chunk A stored bit for bit, and none it did not (a partial write is never visible: ``SET
+    NX`` of a whole checksummed entry)."""
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER.format(benches=str(ROOT / "benches"), url=redis_url, folder=str(tmp_path))],
+        [sys.executable, "-c", WRITER.format(benches=str(ROOT / "benches"), url=url, folder=str(tmp_path))],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -271,7 +277,7 @@ def test_two_servers_share_one_redis_and_a_killed_writer_leaves_nothing_wrong(re
     writer.wait(timeout=30)
     saved = sorted(int(p.stem) for p in tmp_path.glob("*.npy"))[:-1]  # the last file may be cut short
     assert len(saved) > 5
-    reader = TieringDriver([{**SPECKV_TIER, "store": redis_url}], cpu_chunks=4, block_bytes=65536)
+    reader = TieringDriver([{**SPECKV_TIER, "store": url}], cpu_chunks=4, block_bytes=65536)
     served = 0
     for i in saved:
         key = offload_key(i)
@@ -283,32 +289,3 @@ def test_two_servers_share_one_redis_and_a_killed_writer_leaves_nothing_wrong(re
     assert served >= len(saved) - 1  # the last may have died with the writer
     assert reader.tiers[0].jobs.counters()["faults"] == 0
     reader.shutdown()
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    import shutil
-    import socket
-
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=tmp_path_factory.mktemp("redis"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)

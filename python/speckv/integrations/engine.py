@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..store import Backend, DirectoryBackend, RedisBackend
+from ..store.redis_backend import SCHEMES as REDIS_SCHEMES
 
 if TYPE_CHECKING:
     from ..hf.stores.free_store import StoredBlock
@@ -93,7 +94,7 @@ def open_backend(
         if max_bytes is not None:
             raise ValueError("max_bytes: give the budget to the backend object itself")
         return spec
-    if spec.startswith(("redis://", "rediss://", "unix://")):
+    if spec.startswith(REDIS_SCHEMES):
         if max_bytes is not None:
             raise ValueError(
                 "max_bytes: a Redis server's budget is its own: set its maxmemory and "

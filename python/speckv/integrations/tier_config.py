@@ -24,10 +24,10 @@ from typing import Any
 
 from .._sizes import parse_size
 from ..store import Backend, DirectoryBackend, MemoryBackend, RedisBackend
+from ..store.redis_backend import SCHEMES as REDIS_SCHEMES
 from .chunk_codec import CODINGS
 
 MEMORY = "memory"
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 LOCALITIES = ("local", "remote")
 
 
@@ -38,7 +38,8 @@ class TierConfig:
     store: str = MEMORY
     """where entries live: ``"memory"`` (this process, the scheduler's), a folder path (a
     file per entry; shared by the servers that mount it; survives restarts), or a
-    ``redis://`` / ``rediss://`` / ``unix://`` URL (one server's memory shared by many)"""
+    ``redis://`` / ``rediss://`` / ``unix://`` URL (one server's memory shared by many), or
+    ``redis-cluster://host:port`` (a Redis Cluster, any of its nodes)"""
     max_bytes: int | None = None
     """bytes of entries the tier may hold (``8e9``, ``"8GB"``, ``"512MiB"``); least recently
     used entries are evicted past it. Required for ``"memory"``; optional for a folder;

@@ -55,6 +55,7 @@ COUNTERS = (
     "stores_dropped",
     "encode_seconds",
     "decode_seconds",
+    "load_seconds",
 )
 
 
@@ -173,14 +174,16 @@ class TierJobs:
                 f.exception()
 
     def counters(self) -> dict[str, float]:
-        """Totals since start (``COUNTERS``), plus ``resident_bytes`` and ``evictions`` where
-        the backend tells them."""
+        """Totals since start (``COUNTERS``), plus ``resident_bytes`` where the backend keeps
+        a budget (it then counts its bytes; elsewhere, a folder or Redis, counting would read
+        every entry's size) and ``evictions``."""
         with self._lock:
             out = dict(self._counters)
-        try:
-            out["resident_bytes"] = int(self.backend.nbytes())
-        except StoreError:
-            pass
+        if getattr(self.backend, "max_bytes", None) is not None and not self._paused():
+            try:
+                out["resident_bytes"] = int(self.backend.nbytes())
+            except StoreError:
+                pass
         out["evictions"] = int(getattr(self.backend, "evictions", 0))
         return out
 
@@ -266,7 +269,9 @@ class TierJobs:
             self._count("chunks_loaded")
             self._count("bytes_loaded", len(raw))
         ok = len(done) == len(keys)
-        return Finished(job_id, ok, tuple(done), time.perf_counter() - start, len(done) * self.codec.chunk_bytes)
+        seconds = time.perf_counter() - start
+        self._count("load_seconds", seconds)
+        return Finished(job_id, ok, tuple(done), seconds, len(done) * self.codec.chunk_bytes)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 

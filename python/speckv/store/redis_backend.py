@@ -1,4 +1,5 @@
-"""``RedisBackend``: entries on a Redis server (``SET NX``), its budget the server's."""
+"""``RedisBackend``: entries on a Redis server or a Redis Cluster (``SET NX``), its budget the
+server's."""
 
 from __future__ import annotations
 
@@ -6,10 +7,18 @@ from typing import Any
 
 from .entry import StoreError, check_key
 
+# the URL scheme of a Redis Cluster (``redis-cluster://host:port``, any node)
+CLUSTER_SCHEME = "redis-cluster://"
+# every URL scheme a Redis store is named by
+SCHEMES = ("redis://", "rediss://", "unix://", CLUSTER_SCHEME)
+
 
 class RedisBackend:
     """Entries in a Redis server, under ``prefix`` + key. ``url`` as the ``redis`` package
-    reads it (``redis://host:port/db``), or an existing ``client`` (its own settings).
+    reads it (``redis://host:port/db``); ``redis-cluster://host:port`` for a Redis Cluster
+    (any of its nodes: the client finds the others and sends each key to its slot's master;
+    every call is on one key, so the guarantees are a single server's); or an existing
+    ``client`` (its own settings).
 
     ``timeout_s`` bounds connecting and every reply (the client's defaults differ by version
     and may wait for minutes): a stalled server costs at most that per call, then
@@ -38,13 +47,20 @@ class RedisBackend:
                 if name + "=" in url:  # the URL's query says otherwise
                     del options[name]
             try:
-                client = redis.Redis.from_url(url, **options)
+                if url.startswith(CLUSTER_SCHEME):
+                    from redis.cluster import RedisCluster
+
+                    client = RedisCluster.from_url("redis://" + url[len(CLUSTER_SCHEME) :], **options)
+                else:
+                    client = redis.Redis.from_url(url, **options)
             except Exception as e:  # a malformed URL
                 raise StoreError(f"redis: {e}") from None
         self.client = client
         self.prefix = prefix
 
     def __repr__(self) -> str:
+        if type(self.client).__name__ == "RedisCluster":
+            return f"RedisBackend(cluster, prefix={self.prefix!r})"
         kw = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
         where = f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw else "a client"
         return f"RedisBackend({where}, prefix={self.prefix!r})"
