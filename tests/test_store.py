@@ -250,6 +250,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def redis_server() -> str:
     """The redis-server program and the client package, or the test skips saying which is
     missing."""
@@ -298,14 +307,22 @@ def start_redis_cluster(folder, masters: int = 3) -> tuple[str, list[subprocess.
     cli = shutil.which("redis-cli")
     if cli is None:
         pytest.skip("redis-cli is not installed (apt-get install redis-server; .ci/run does)")
-    ports = [_free_port() for _ in range(masters)]
-    procs = []
-    for port in ports:
-        node = folder / str(port)
-        node.mkdir()
-        procs.append(
-            _start_redis(server, port, node, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-        )
+    ports: list[int] = []
+    while len(ports) < masters:  # each node also listens on its port + 10000 (the cluster bus)
+        port = _free_port()
+        if port < 55000 and port not in ports and _port_free(port + 10000):
+            ports.append(port)
+    procs: list[subprocess.Popen] = []
+    try:
+        for port in ports:
+            node = folder / str(port)
+            node.mkdir()
+            cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+            procs.append(_start_redis(server, port, node, *cluster))
+    except BaseException:  # a node did not start (the test skips): none is left running
+        for proc in procs:
+            proc.kill()
+        raise
     create = subprocess.run(
         [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0", "--cluster-yes"],
         capture_output=True,

@@ -285,3 +285,29 @@ def test_the_guide_lists_every_key_of_the_tier():
     page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "vllm-offloading.md").read_text()
     table = re.findall(r"^\| `(\w+)` \|", page, re.M)
     assert sorted(table) == TierConfig.keys()
+
+
+def test_decode_into_writes_a_slot_in_place_or_refuses():
+    """The core's ``decode_into`` (the tier's load path): a predictor-free stream decoded into
+    a slot of exactly its bytes; a slot of another size, a predicted stream or a misaligned
+    slot refused before anything is written; ChunkCodec takes a copy for a misaligned slot."""
+    from speckv import _speckv, encode
+
+    raw = kv_like(CHUNK)
+    stream = np.frombuffer(encode(raw.view(ml_dtypes.bfloat16), lane="fast"), dtype=np.uint8)
+    slot = np.zeros(CHUNK + 2, dtype=np.uint8)
+    _speckv.decode_into(stream, slot[:CHUNK])
+    assert np.array_equal(slot[:CHUNK], raw) and not slot[CHUNK:].any()
+    for bad in (slot[: CHUNK - 2], slot[1 : CHUNK + 1]):
+        before = bad.copy()
+        with pytest.raises(ValueError):
+            _speckv.decode_into(stream, bad)
+        assert np.array_equal(bad, before)
+    mu = raw.view(ml_dtypes.bfloat16).astype(np.float32)
+    predicted = np.frombuffer(encode(raw.view(ml_dtypes.bfloat16), mu, np.ones(1, np.float32)), dtype=np.uint8)
+    with pytest.raises(ValueError, match="predicted"):
+        _speckv.decode_into(predicted, slot[:CHUNK])
+    codec = ChunkCodec("bfloat16", CHUNK, NS)
+    odd = np.zeros(CHUNK + 1, dtype=np.uint8)[1:]  # a slot at an odd address
+    codec.decode_into(codec.encode(raw), odd)
+    assert np.array_equal(odd, raw)

@@ -167,7 +167,8 @@ def test_a_restarted_server_serves_what_the_last_one_stored(backend, tmp_path, r
     if backend == "folder":
         options = {"store": str(tmp_path / "tier"), "max_bytes": "64MB"}
     else:
-        options = {"store": request.getfixturevalue("redis_url" if backend == "redis" else "redis_cluster_url")}
+        url = request.getfixturevalue("redis_url" if backend == "redis" else "redis_cluster_url")
+        options = {"store": url, "max_bytes": None}  # Redis's budget is its own maxmemory
     rows = rows_of("bfloat16")[:4]
     keys = [offload_key(i) for i in range(len(rows))]
     first = TieringDriver([tier(**options)], cpu_chunks=6, block_bytes=rows[0].nbytes)

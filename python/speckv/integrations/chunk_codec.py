@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _api, _arrays
+from .. import _api, _arrays, _speckv
 from .._channels import detect_period
 from .._speckv import CorruptStreamError
 
@@ -158,10 +158,18 @@ class ChunkCodec:
             return
         if coding != _CODING_IDS["fast"]:
             raise CorruptStreamError(f"chunk payload: unknown coding {coding}")
-        words = _api.decode(body, threads=threads)
-        if words.nbytes != n or words.dtype != _arrays.numpy_dtype(self.dtype):
-            raise CorruptStreamError("chunk payload: the stream holds another chunk")
-        flat[:] = words.reshape(-1).view(np.uint8)
+        stream = np.frombuffer(body, dtype=np.uint8)
+        if _speckv.info(stream)["dtype"] != self.dtype:
+            raise CorruptStreamError("chunk payload: the stream holds another dtype's chunk")
+        if flat.ctypes.data % self.width:  # the core writes whole words: an odd slot takes a copy
+            words = _api.decode(body, threads=threads)
+            flat[:] = words.reshape(-1).view(np.uint8)
+            return
+        try:
+            # straight into the slot: no output allocated, nothing copied after decoding
+            _speckv.decode_into(stream, flat, _api.resolve_threads(threads))
+        except ValueError as e:  # the stream's length is not the slot's
+            raise CorruptStreamError(f"chunk payload: {e}") from None
 
 
 __all__ = ["CODINGS", "DTYPE_CODES", "ENGINE_DTYPES", "MAGIC", "PAYLOAD_VERSION", "ChunkCodec", "engine_dtype"]

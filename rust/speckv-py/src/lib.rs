@@ -2,7 +2,7 @@
 //! GIL, call the core, map the error. Array conversion (dtypes, broadcasting, torch) lives in
 //! the Python package; here arrays arrive as flat, C-contiguous integer arrays.
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -359,6 +359,58 @@ fn decode<'py>(
         _ => run!(u32, U32),
     };
     Ok((words, header_dict(py, &header, stream.len())?))
+}
+
+/// Decodes a predictor-free stream into `out`, a writable, contiguous 1-D uint8 array of
+/// exactly the stream's bytes (a slot of a serving engine's host buffer): no output is
+/// allocated and nothing is copied after decoding. The stream's words are written in native
+/// byte order, as `decode` returns them. `out` must be aligned to the word (2 or 4 bytes for
+/// 16- or 32-bit streams); a predicted stream is refused (`decode` takes its prediction).
+#[pyfunction]
+#[pyo3(signature = (data, out, threads=1))]
+fn decode_into<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    mut out: PyReadwriteArray1<'py, u8>,
+    threads: usize,
+) -> PyResult<()> {
+    let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+    let bytes = out.as_slice_mut().map_err(|_| PyValueError::new_err("out must be contiguous"))?;
+    let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
+    if header.predicted() {
+        return Err(PyValueError::new_err("decode_into: the stream is predicted; use decode with its prediction"));
+    }
+    let width = header.dtype.bits() as usize / 8;
+    let n = speckv::decoded_len(&header, None).map_err(to_py)?;
+    if bytes.len() != n * width {
+        return Err(PyValueError::new_err(format!(
+            "out: {} bytes, the stream holds {} scalars of {} bytes",
+            bytes.len(),
+            n,
+            width
+        )));
+    }
+    macro_rules! run {
+        ($t:ty, $variant:ident) => {{
+            // SAFETY: u16 and u32 have no invalid bit patterns and any byte content is a valid
+            // word; `align_to_mut` only reinterprets the aligned middle, and an unaligned `out`
+            // (a non-empty prefix or suffix) is refused before anything is written.
+            let (head, words, tail) = unsafe { bytes.align_to_mut::<$t>() };
+            if !head.is_empty() || !tail.is_empty() {
+                return Err(PyValueError::new_err("out: not aligned to the stream's words"));
+            }
+            py.allow_threads(|| speckv::decode_parsed(stream, &header, BitsMut::$variant(words), None, threads, None))
+                .map_err(to_py)?;
+        }};
+    }
+    match width {
+        1 => py
+            .allow_threads(|| speckv::decode_parsed(stream, &header, BitsMut::U8(bytes), None, threads, None))
+            .map_err(to_py)?,
+        2 => run!(u16, U16),
+        _ => run!(u32, U32),
+    }
+    Ok(())
 }
 
 /// Header facts of a stream, validated.
@@ -804,6 +856,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(encode, m)?)?;
     m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_into, m)?)?;
     m.add_function(wrap_pyfunction!(ideal_bits, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
