@@ -126,3 +126,18 @@ def test_cli_reference_is_the_parsers():
     assert gen_cli_reference.render() == (DOCS / "cli.md").read_text(), (
         "docs/cli.md is stale: python docs/gen_cli_reference.py"
     )
+
+
+def test_the_trace_page_is_the_committed_run():
+    """docs/benchmarks/trace.md's table is the committed JSON's, rendered by the benchmark."""
+    import importlib.util
+    import json
+
+    root = DOCS.parent
+    spec = importlib.util.spec_from_file_location("bench_trace", root / "benches" / "bench_trace.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = json.loads((DOCS / "bench" / "trace-mooncake-amd.json").read_text())
+    page = (DOCS / "benchmarks" / "trace.md").read_text()
+    table = re.search(r"<!-- trace-table:[^>]*-->\n(.*?)<!-- /trace-table -->", page, re.S).group(1)
+    assert table == bench.markdown_table(run)

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+from test_store import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 from vllm_driver import Engine, engine_env  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -334,6 +335,28 @@ def test_a_request_waits_for_the_save_of_its_prefix_still_on_its_way(engine, wor
     assert scheduler["save_waits"] == 3 and scheduler["save_wait_s"] >= 3 * 0.5
     firsts = [r["output"] for r in run["requests"][::2]]
     assert firsts == [r["output"] for r in none["requests"][:3]]
+
+
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_two_servers_over_one_redis_serve_each_others_documents(engine, kind, request):
+    """Server A, an engine process with speckv's connector, stores the prompts' blocks into one
+    Redis (a server, or a cluster of three masters); server B, another engine process over the
+    same Redis, is served every request's stored prefix from the tier, bit for bit as A stored
+    it, and both answer as an engine without a connector does."""
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")
+    first = engine.run("speckv", url, record=True)
+    second = engine.run("speckv", url, record=True)
+    none = engine.plain("auto")
+    assert first["outputs"] == none["outputs"] and second["outputs"] == none["outputs"]
+    stored = _records(first, "stored")
+    injected = _records(second, "injected")
+    assert len(injected) == 3, _speckv_lines(second)  # every one of B's requests served from A's blocks
+    source = stored[sorted(stored, key=lambda r: int(r.split("_")[0]))[0]]
+    for req, layers in injected.items():
+        for layer, (k, v) in layers.items():
+            assert k.shape[2] == 2 * BLOCK, f"{req}: {k.shape[2]} tokens; {_speckv_lines(second)}"
+            assert torch.equal(k, source[layer][0][:, :, : 2 * BLOCK]), (req, layer)
+            assert torch.equal(v, source[layer][1][:, :, : 2 * BLOCK]), (req, layer)
 
 
 def test_redis_killed_and_restarted_mid_workload(engine, workload, tmp_path):

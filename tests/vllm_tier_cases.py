@@ -230,6 +230,15 @@ def test_bad_configuration_fails_at_start_up_naming_the_key():
     assert "vllm:kv_offload_speckv_decode_seconds" in definitions  # vLLM registers our metrics
 
 
+def test_locality_reaches_vllms_tier_filters():
+    from vllm.v1.kv_offload.base import Locality
+
+    for given, want in (("remote", Locality.REMOTE), ("LOCAL", Locality.LOCAL), (None, None)):
+        driver = TieringDriver([tier(locality=given)], cpu_chunks=2, block_bytes=4096)
+        assert driver.tiers[0].locality is want
+        driver.shutdown()
+
+
 def test_events_name_the_stored_chunks():
     rows = rows_of("bfloat16")[:2]
     driver = TieringDriver([tier(enable_kv_events=True)], cpu_chunks=4, block_bytes=rows[0].nbytes, events=True)

@@ -99,6 +99,8 @@ class TierConfig:
         if channels is not None:
             channels = _positive_int(channels, "channels", 1 << 20)
         locality = o.get("locality")
+        if isinstance(locality, str):
+            locality = locality.lower()  # vLLM's own tiers take "LOCAL" / "REMOTE"
         if locality is not None and locality not in LOCALITIES:
             raise ValueError(f"SpeckvTier: locality: expected one of {', '.join(LOCALITIES)}, got {locality!r}")
         events = o.get("enable_kv_events", False)

@@ -98,7 +98,7 @@ class SpeckvTier(SecondaryTierManager):
     ) -> None:
         self.config = TierConfig.parse(options)  # first: a bad key fails before anything starts
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.locality = None if self.config.locality is None else Locality(self.config.locality)
+        self.locality = None if self.config.locality is None else Locality(self.config.locality.upper())
         primary = np.asarray(primary_kv_view)
         primary = primary.view(np.uint8).reshape(primary.shape[0], -1)
         cfg = offloading_spec.config
