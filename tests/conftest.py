@@ -29,6 +29,7 @@ REQUIREMENTS = {
     "cuda": ("no CUDA device", "cuda-bindings", "NVRTC cannot run"),
     "lmcache": ("LMCache", "lmcache"),
     "lmcache-venv": ("LMCache virtualenv",),
+    "vllm-newest": ("newest vLLM",),
     "torch": ("torch", "transformers", "gguf"),
     "avx512": ("AVX-512",),
     "avx2": ("AVX2",),

@@ -331,8 +331,9 @@ def start_redis_cluster(folder, masters: int = 3) -> tuple[str, list[subprocess.
     )
     deadline = time.time() + 30
     while create.returncode == 0 and time.time() < deadline:
-        info = subprocess.run([cli, "-p", str(ports[0]), "cluster", "info"], capture_output=True, text=True)
-        if "cluster_state:ok" in info.stdout:
+        # every node's own view: one node may say ok while another still thinks the cluster down
+        views = [subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True, text=True) for p in ports]
+        if all("cluster_state:ok" in v.stdout for v in views):
             return f"redis-cluster://127.0.0.1:{ports[0]}", procs
         time.sleep(0.1)
     for proc in procs:

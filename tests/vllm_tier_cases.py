@@ -173,10 +173,13 @@ def test_a_restarted_server_serves_what_the_last_one_stored(backend, tmp_path, r
     keys = [offload_key(i) for i in range(len(rows))]
     first = TieringDriver([tier(**options)], cpu_chunks=6, block_bytes=rows[0].nbytes)
     first.store(keys, rows)
+    first.settle()
+    c = first.tiers[0].jobs.counters()
+    assert c["chunks_stored"] + c["chunks_present"] == len(keys), c
     first.shutdown()
     second = TieringDriver([tier(**options)], cpu_chunks=6, block_bytes=rows[0].nbytes)
-    ready, sources = second.lookup(keys)
-    assert ready == len(keys)
+    ready, _ = second.lookup(keys)
+    assert ready == len(keys), second.tiers[0].jobs.counters()
     back = second.load(keys)
     assert all(np.array_equal(a, b) for a, b in zip(back, rows))
     second.shutdown()
@@ -233,8 +236,8 @@ def test_bad_configuration_fails_at_start_up_naming_the_key():
 def test_locality_reaches_vllms_tier_filters():
     from vllm.v1.kv_offload.base import Locality
 
-    for given, want in (("remote", Locality.REMOTE), ("LOCAL", Locality.LOCAL), (None, None)):
-        driver = TieringDriver([tier(locality=given)], cpu_chunks=2, block_bytes=4096)
+    for written, want in (("remote", Locality.REMOTE), ("LOCAL", Locality.LOCAL), (None, None)):
+        driver = TieringDriver([tier(locality=written)], cpu_chunks=2, block_bytes=4096)
         assert driver.tiers[0].locality is want
         driver.shutdown()
 
