@@ -103,6 +103,20 @@ def _amx(python: str) -> bool:
 FP8_AMX = "fp8 caches under vLLM's amx attention kernels are refused (their block layout is not checked yet)"
 
 
+def _fp8_kv(python: str) -> bool:
+    """Whether vLLM's CPU attention takes fp8 KV caches here: it needs AVX-512 or AMX tiles
+    (``vllm.v1.attention.backends.cpu_attn``); a Zen 3 EPYC has neither."""
+    probe = subprocess.run(
+        [python, "-c", "import torch; print(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())"],
+        capture_output=True,
+        text=True,
+    )
+    return probe.stdout.strip() == "True"
+
+
+FP8_ISA = "vLLM's CPU attention takes fp8 KV caches only with AVX-512 or AMX, and this processor has neither"
+
+
 @pytest.fixture(scope="module", params=["auto", "fp8"])
 def runs(request, engine, tmp_path_factory):
     """Per cache dtype: no connector; speckv storing, then a restart hitting; ExampleConnector
@@ -110,6 +124,8 @@ def runs(request, engine, tmp_path_factory):
     dtype = request.param
     if dtype == "fp8" and _amx(engine.python):
         pytest.skip(FP8_AMX)
+    if dtype == "fp8" and not _fp8_kv(engine.python):
+        pytest.skip(FP8_ISA)
     store = tmp_path_factory.mktemp(f"store-{dtype}")
     example = tmp_path_factory.mktemp(f"example-{dtype}")
     return {

@@ -89,6 +89,15 @@ def test_real_kv_through_vllms_primary_and_the_speckv_tier_bit_for_bit(dtype, la
     driver.shutdown()
 
 
+def test_a_cache_dtype_speckv_has_no_type_for_is_stored_as_it_is():
+    rows = [np.random.default_rng(i).integers(0, 256, 8192, dtype=np.uint8) for i in range(3)]
+    driver = TieringDriver([tier()], cpu_chunks=4, block_bytes=8192, dtype="int8")
+    assert driver.tiers[0].jobs.codec.coding == "none"
+    back = store_evict_load(driver, rows)
+    assert all(np.array_equal(a, b) for a, b in zip(back, rows))
+    driver.shutdown()
+
+
 def test_the_raw_codec_serves_the_same_chunks_at_their_size():
     rows = rows_of("bfloat16")[:4]
     driver = TieringDriver([tier(codec="none")], cpu_chunks=6, block_bytes=rows[0].nbytes)

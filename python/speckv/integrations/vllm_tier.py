@@ -46,7 +46,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from .chunk_codec import ChunkCodec
+from .chunk_codec import ChunkCodec, engine_dtype
 from .tier_config import TierConfig
 from .tier_jobs import TierJobs
 
@@ -115,8 +115,13 @@ class SpeckvTier(SecondaryTierManager):
             "replicated_layout": cfg.replicated_layout,
             "name": self.config.name,
         }
+        try:
+            dtype = engine_dtype(cfg.model.dtype)
+        except ValueError:  # a cache format speckv has no float type for: its bytes, as they are
+            log.warning("speckv tier: cache dtype %r is stored uncoded (no speckv dtype for it)", cfg.model.dtype)
+            dtype = "uint8"
         codec = ChunkCodec(
-            cfg.model.dtype, int(primary.shape[1]), namespace, coding=self.config.codec, channels=self.config.channels
+            dtype, int(primary.shape[1]), namespace, coding=self.config.codec, channels=self.config.channels
         )
         events = self.config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
         self._events: list[OffloadingEvent] | None = [] if events else None
