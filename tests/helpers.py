@@ -88,3 +88,20 @@ def decoded_in_child(stream: bytes, simd: str, module: str, case: str) -> str:
         "print(words_digest(speckv.decode(sys.stdin.buffer.read(), case[1], case[2], joint=joint)))\n"
     )
     return run_in_child(code, stream, simd)
+
+
+def pytest_elsewhere(python: str, path: Path, env: dict[str, str] | None = None) -> str:
+    """``python -m pytest path`` in another virtualenv (vLLM's, LMCache's), from the repository
+    root: it must pass with nothing skipped. Returns its output."""
+    run = subprocess.run(
+        [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=1200,
+        env=env,
+    )
+    tail = run.stdout[-4000:] + run.stderr[-2000:]
+    assert run.returncode == 0, tail
+    assert " passed" in run.stdout and "skipped" not in run.stdout, tail
+    return run.stdout

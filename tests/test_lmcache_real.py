@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import pytest_elsewhere
+
 HERE = Path(__file__).parent
 LMCACHE_PYTHON = os.environ.get(
     "SPECKV_LMCACHE_PYTHON", str(Path.home() / ".cache" / "speckv-lmcache-venv" / "bin" / "python")
@@ -27,13 +29,4 @@ def test_the_serde_in_lmcaches_own_storage_path():
         pytest.skip(
             f"the LMCache virtualenv cannot import lmcache and speckv: {probe.stderr.strip().splitlines()[-1:]}"
         )
-    run = subprocess.run(
-        [LMCACHE_PYTHON, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(HERE / "test_lmcache.py")],
-        capture_output=True,
-        text=True,
-        cwd=HERE.parent,
-        timeout=1200,
-    )
-    tail = run.stdout[-4000:] + run.stderr[-2000:]
-    assert run.returncode == 0, tail
-    assert " passed" in run.stdout and "skipped" not in run.stdout, tail
+    pytest_elsewhere(LMCACHE_PYTHON, HERE / "test_lmcache.py")

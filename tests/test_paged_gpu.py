@@ -6,7 +6,6 @@ nothing here needs a GPU (the GPU half of issue 37 runs on a lent machine: ``cud
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,21 +14,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from test_vllm import _vllm_python  # noqa: E402
 
+from helpers import pytest_elsewhere  # noqa: E402
+
 HERE = Path(__file__).parent
 
 
 def test_every_gpu_layout_of_the_installed_vllm_round_trips_bit_for_bit():
-    python = _vllm_python()
-    run = subprocess.run(
-        [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(HERE / "paged_gpu_cases.py")],
-        capture_output=True,
-        text=True,
-        cwd=HERE.parent,
-        timeout=1200,
-    )
-    tail = run.stdout[-4000:] + run.stderr[-2000:]
-    assert run.returncode == 0, tail
-    assert " passed" in run.stdout and "skipped" not in run.stdout, tail
+    pytest_elsewhere(_vllm_python(), HERE / "paged_gpu_cases.py")
 
 
 def test_the_gpu_paged_benchmark_runs_on_the_host(tmp_path):

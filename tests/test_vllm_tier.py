@@ -16,22 +16,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from test_vllm import _vllm_python  # noqa: E402
 
+from helpers import pytest_elsewhere  # noqa: E402
+
 HERE = Path(__file__).parent
 
 
 def _run_cases(python: str, env: dict[str, str] | None = None) -> str:
-    run = subprocess.run(
-        [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(HERE / "vllm_tier_cases.py")],
-        capture_output=True,
-        text=True,
-        cwd=HERE.parent,
-        timeout=1200,
-        env=env,
-    )
-    tail = run.stdout[-4000:] + run.stderr[-2000:]
-    assert run.returncode == 0, tail
-    assert " passed" in run.stdout and "skipped" not in run.stdout, tail
-    return run.stdout
+    return pytest_elsewhere(python, HERE / "vllm_tier_cases.py", env)
 
 
 def test_the_speckv_tier_in_vllms_tiering_manager():
