@@ -227,7 +227,7 @@ def test_a_damaged_entry_is_a_miss_then_gone(tmp_path):
 def test_bad_configuration_fails_at_start_up_naming_the_key():
     cases = {
         "max_byte": "did you mean 'max_bytes'",
-        "codec": "codec: expected one of fast, none",
+        "codec": 'codec: expected one of "fast", "none"',
         "budget": "max_bytes: required with store='memory'",
     }
     configs = {

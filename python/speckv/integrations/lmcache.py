@@ -24,7 +24,8 @@ bound. Header (little-endian)::
     8       8     payload length N
     16      N     payload
 
-LMCache configuration (an L2 adapter spec with a serde)::
+LMCache configuration (an L2 adapter spec with a serde; every key of the serde:
+``speckv.integrations.lmcache_config.LMCacheSerdeConfig``)::
 
     {"type": "fs", "base_path": "/cache", "serde": {"type": "speckv", "model": "stats",
      "stats": "/path/stats.safetensors"}}
@@ -42,6 +43,7 @@ import numpy as np
 
 from .. import _api, _arrays
 from .._speckv import CorruptStreamError
+from .lmcache_config import LMCacheSerdeConfig
 
 SERDE_NAME = "speckv"
 MAGIC = b"SPKL"
@@ -207,23 +209,14 @@ def _lmcache_classes() -> tuple[Any, Any]:
 
 
 def create_serde(kwargs: dict[str, object]) -> Any:
-    """LMCache's factory: ``{"model": "free"|"stats", "stats": path, "max_workers": n}``."""
+    """LMCache's factory: ``kwargs`` are ``LMCacheSerdeConfig``'s keys (``model``, ``stats``,
+    ``max_workers``), checked before anything is built."""
     from lmcache.v1.distributed.serde.async_processor import AsyncSerdeProcessor
 
-    model = str(kwargs.get("model", "free"))
-    if model not in ("free", "stats"):
-        raise ValueError(f"speckv serde: model must be 'free' or 'stats', got {model!r}")
-    stats = None
-    if model == "stats":
-        if "stats" not in kwargs:
-            raise ValueError("speckv serde: model 'stats' needs stats=<file from fit_stats>")
-        stats = load_stats(str(kwargs["stats"]))
+    config = LMCacheSerdeConfig.parse(kwargs)
+    stats = load_stats(config.stats) if config.stats is not None else None
     serializer, deserializer = _lmcache_classes()
-    return AsyncSerdeProcessor(
-        serializer(stats),
-        deserializer(stats),
-        max_workers=int(kwargs.get("max_workers", 1)),  # type: ignore[call-overload]
-    )
+    return AsyncSerdeProcessor(serializer(stats), deserializer(stats), max_workers=config.max_workers)
 
 
 def register() -> None:

@@ -20,45 +20,10 @@ the checkpoint vLLM serves; add ``--fp8-scale 1.0`` for ``kv_cache_dtype="fp8"``
         kv_connector_extra_config={"store": "memory", "max_bytes": 8 << 30,
                                    "calibration": "cal.safetensors"}))
 
-``kv_connector_extra_config``:
-
-- ``store``: ``"memory"`` (host RAM: a folder ``/dev/shm/speckv-ENGINE_ID`` that every
-  process of this engine shares, removed when the engine shuts down; an engine killed outright
-  leaves it behind, to be removed by hand), a folder, or ``redis://HOST:PORT/DB``; or a
-  list of them, upper first (``["memory", "/var/kv"]``: RAM over disk, written through to
-  both, a lower tier's hit promoted; ``speckv.tiered``);
-- ``max_bytes``: the tier's budget in bytes (memory and folders; a list for a list of tiers):
-  least recently used prefix tails are evicted (``speckv.store``). A Redis server's budget
-  is its ``maxmemory`` with ``maxmemory-policy allkeys-lru``;
-- ``calibration``: the predictor's calibration file; or ``predictor``: ``"none"`` (the
-  predictor-free fast lane, no calibration) or ``"raw"`` (blocks stored uncompressed: the
-  baseline tier, same keys, budget and eviction);
-- ``save_queue``: saves waiting for the background saver (default 8; each holds a copy of its
-  blocks). The worker copies a request's blocks out during the step and a thread of its own
-  codes and stores them (``BackgroundSaver``): a full queue drops the save (counted), never
-  stalls the step. ``0``: store inside the step, as a synchronous connector;
-- ``save_threads``: the codec threads of a background save (default 1: the engine keeps the
-  other cores); ``save_nice``: the saver thread's nice value (default 19: it takes the cores
-  the engine leaves idle; None keeps the engine's);
-- ``save_wait_s``: how long a request whose prompt extends a save still on its way to the
-  tier (queued or being coded, so not matched yet) waits for it instead of computing those
-  tokens (default 1.0, counted from the end of the step that computed the saved blocks; 0:
-  never). The scheduler asks vLLM to come back to the request
-  (``get_num_new_matched_tokens`` returns None) until the save shows in the tier's index or
-  the time is up: a document asked for again right after its first reading is served from the
-  tier, not prefilled twice;
-- ``load_by_layer``: with ``predictor`` ``"none"`` or ``"raw"``, restore layer by layer
-  (default True): the step reads a request's entries, and a thread of its own
-  (``LayerLoader``) decodes and writes layer 0, 1, ... while the forward pass runs, which
-  waits in ``wait_for_layer_load`` only for a layer not written yet. False (and the predicted
-  stores, whose predictor needs the layers before): every layer before the forward pass;
-- ``stats_file``: a JSON file the worker writes its counters to when it shuts down (and the
-  scheduler its own next to it, ``.scheduler.json``): hits, misses, tokens served, bytes,
-  evictions, saves dropped, faults, and the seconds the step spent loading and copying
-  blocks out (``load_s``, ``save_copy_s``; the saver's own in ``saver.busy_s``) and waiting
-  for a layer (``layer_wait_s``; the loader's own ``loader_busy_s``); the scheduler's:
-  requests that waited for a save on its way (``save_waits``, ``save_wait_s``);
-- ``load_failure``: ``"recompute"`` (default) or ``"fail"``.
+``kv_connector_extra_config``: every key, its type, default, unit and the process that reads
+it is ``speckv.integrations.connector_config.ConnectorConfig`` (the documentation's
+configuration reference is written from it). Both processes parse it before building anything:
+an unknown key or a bad value fails at start-up with one line naming it.
 
 Faults never reach the engine: a store that fails, an entry that is damaged, foreign,
 evicted or missing, a decode that is refused, all make the request compute those tokens itself

@@ -14,11 +14,12 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.logger import init_logger
 
+from ..connector_config import ConnectorConfig
 from ..engine import MEMORY, EngineStore, memory_tier_path
 from ..layer_loader import LayerLoader
 from ..paged import PagedLayout, UnsupportedLayoutError
 from ..saver import BackgroundSaver
-from .requests import _FREE, DEFAULT_SAVE_QUEUE, DEFAULT_SAVE_WAIT_S, _LayerLoad, cache_dtype
+from .requests import _LayerLoad, cache_dtype
 from .scheduler_side import _SchedulerSide
 from .worker_side import _WorkerSide
 
@@ -31,16 +32,8 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        predictor = extra.get("predictor")
-        if predictor is not None and predictor not in _FREE:
-            raise ValueError(f"SpeckvConnector: predictor must be one of {sorted(_FREE)} or absent, got {predictor!r}")
-        free = predictor is not None
-        for needed in ("store",) if free else ("store", "calibration"):
-            if needed not in extra:
-                raise ValueError(
-                    f"SpeckvConnector: kv_connector_extra_config needs {needed!r} (see speckv.integrations.vllm)"
-                )
+        # every key checked before anything is built: a typo fails here, naming it
+        config = self._config = ConnectorConfig.parse(self._kv_transfer_config.kv_connector_extra_config)
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         if len(groups) > 1:
             raise UnsupportedLayoutError(
@@ -49,9 +42,6 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
             )
         self._block_size = int(vllm_config.cache_config.block_size)
         self._dtype = cache_dtype(vllm_config)
-        queue_depth = int(extra.get("save_queue", DEFAULT_SAVE_QUEUE))
-        if queue_depth < 0:
-            raise ValueError(f"SpeckvConnector: save_queue must be >= 0, got {queue_depth}")
         # the memory tier is this engine's: named by its id, which every process of it shares
         name = str(self._kv_transfer_config.engine_id or "default")
         worker = self._worker = role == KVConnectorRole.WORKER
@@ -59,15 +49,15 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
         def store(backend: Any = None, threads: int | None = None) -> EngineStore:
             return EngineStore(
                 vllm_config.model_config.model,
-                None if free else extra["calibration"],
-                extra["store"] if backend is None else backend,
+                config.calibration,
+                _stores(config) if backend is None else backend,
                 block_size=self._block_size,
                 cache_dtype=self._dtype,
                 weights=worker,
-                joint=extra.get("joint"),
+                joint=config.joint,
                 threads=threads,
-                coding=_FREE[predictor] if predictor is not None else "fast",
-                max_bytes=extra.get("max_bytes") if backend is None else None,
+                coding=config.coding,
+                max_bytes=_budgets(config) if backend is None else None,
                 name=name,
             )
 
@@ -75,19 +65,18 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
         # restores layer by layer: the predictor-free stores (module docs)
         self._loader: LayerLoader | None = None
         self._layer_loads: list[_LayerLoad] = []
-        if worker and free and bool(extra.get("load_by_layer", True)):
+        if worker and config.layer_loads:
             self._loader = LayerLoader()
         # the background saver codes with a store of its own (its own predictor state), on the
         # same backend: loads never wait for a save's codec
         self._saver: BackgroundSaver | None = None
-        if worker and queue_depth:
-            saving = store(self.store.backend, threads=int(extra.get("save_threads", 1)))
+        if worker and config.save_queue:
+            saving = store(self.store.backend, threads=config.save_threads)
             self._saving_store: EngineStore | None = saving
-            nice = extra.get("save_nice", 19)
-            self._saver = BackgroundSaver(self._save_now, depth=queue_depth, nice=None if nice is None else int(nice))
+            self._saver = BackgroundSaver(self._save_now, depth=config.save_queue, nice=config.save_nice)
         else:
             self._saving_store = None
-        self._stats_file = extra.get("stats_file")
+        self._stats_file = config.stats_file
         # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
         self._loads: list[list[Any]] = []
         # time inside the engine's step: loading (decode and write), copying blocks out to store
@@ -105,7 +94,7 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
             "blocks_failed": 0,
             "save_waits": 0,
         }
-        self._save_wait_s = float(extra.get("save_wait_s", DEFAULT_SAVE_WAIT_S))
+        self._save_wait_s = float(config.save_wait_s)
         # scheduler: saves asked of the workers, [whole-block tokens, when to stop waiting for
         # them (None until the step that asked for them has run: the clock starts when the
         # worker has the blocks, not when the prefill that computes them begins), the step],
@@ -113,13 +102,12 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
         self._pending_saves: list[list[Any]] = []
         self._step = 0
         self._waiting: dict[str, float] = {}
-        specs = extra["store"] if isinstance(extra["store"], (list, tuple)) else [extra["store"]]
-        self._memory_tier = memory_tier_path(name) if MEMORY in specs else None
+        self._memory_tier = memory_tier_path(name) if MEMORY in config.stores else None
         if self._memory_tier is not None and role == KVConnectorRole.SCHEDULER:
             atexit.register(shutil.rmtree, self._memory_tier, True)
         if role == KVConnectorRole.SCHEDULER and self._stats_file:
             atexit.register(self._write_stats)
-        if role == KVConnectorRole.SCHEDULER and extra.get("load_failure", "recompute") == "recompute":
+        if role == KVConnectorRole.SCHEDULER and config.load_failure == "recompute":
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
                 logger.info(
@@ -178,3 +166,13 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
             path.write_text(json.dumps(stats, indent=1))
         except OSError as e:
             logger.warning("speckv: could not write stats_file %s: %s", path, e)
+
+
+def _stores(config: ConnectorConfig) -> str | list[str]:
+    """``store`` as ``open_backend`` takes it: one spec, or a list (a stack of tiers)."""
+    return config.stores[0] if isinstance(config.store, str) else list(config.stores)
+
+
+def _budgets(config: ConnectorConfig) -> int | list[int | None] | None:
+    """``max_bytes`` as ``open_backend`` takes it: one budget, or one per store."""
+    return list(config.max_bytes) if isinstance(config.max_bytes, tuple) else config.max_bytes

@@ -22,14 +22,10 @@ _CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
 }
-# predictor values that need no calibration -> how EngineStore codes blocks then
-_FREE = {"none": "fast", "raw": "raw"}
-DEFAULT_SAVE_QUEUE = 8
 # loads listed in the worker's stats (request id, tokens it had, matched, served)
 MAX_LOADS_KEPT = 100_000
 # how long an engine shutting down waits for queued saves
 SHUTDOWN_DRAIN_S = 60.0
-DEFAULT_SAVE_WAIT_S = 1.0
 # a scheduler waiting for a save sleeps this long per look (vLLM's engine loop asks again at
 # once: the sleep leaves the cores to the saver)
 SAVE_POLL_S = 0.002

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
+from ..connector_config import ConnectorConfig
 from ..engine import EngineStore
 from ..layer_loader import LayerLoader
 from ..paged import PagedLayout
@@ -21,6 +22,7 @@ class _ConnectorState(KVConnectorBase_V1):
     """The connector's state (see ``SpeckvConnector.__init__`` for what each holds)."""
 
     # both sides
+    _config: ConnectorConfig
     store: EngineStore
     _worker: bool
     _block_size: int
