@@ -19,6 +19,7 @@ from ..engine import MEMORY, EngineStore, memory_tier_path
 from ..layer_loader import LayerLoader
 from ..paged import PagedLayout, UnsupportedLayoutError
 from ..saver import BackgroundSaver
+from .metrics import SpeckvConnectorStats, SpeckvPromMetrics, counter_deltas
 from .requests import _LayerLoad, cache_dtype
 from .scheduler_side import _SchedulerSide
 from .worker_side import _WorkerSide
@@ -95,6 +96,8 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
             "save_waits": 0,
         }
         self._save_wait_s = float(config.save_wait_s)
+        # the counters as last reported to vLLM (get_kv_connector_stats)
+        self._reported: dict[str, int] = {}
         # scheduler: saves asked of the workers, [whole-block tokens, when to stop waiting for
         # them (None until the step that asked for them has run: the clock starts when the
         # worker has the blocks, not when the prefill that computes them begins), the step],
@@ -137,14 +140,12 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
             self._seconds["layer_wait_s"] = self._loader.waited_s
             self._seconds["loader_busy_s"] = self._loader.busy_s
         out.update({k: round(v, 4) for k, v in self._seconds.items()})
-        tier: dict[str, Any]
+        tier: dict[str, Any] = self._tier_counters()
         try:
-            tier = dict(self.store.prefix.stats())
+            held = self.store.prefix.stats()
+            tier.update(blocks=held["blocks"], bytes=held["bytes"], evictions=held["evictions"])
         except Exception as e:  # the counters still count when the store is gone
-            tier = {**self.store.prefix.stats_counters(), "stats_error": str(e)}
-        if self._saving_store is not None:
-            for k, v in self._saving_store.prefix.stats_counters().items():
-                tier[k] += v
+            tier["stats_error"] = str(e)
         out["tier"] = tier
         tiers = getattr(self.store.backend, "tier_stats", None)
         if tiers is not None:
@@ -154,6 +155,43 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
         if self._worker:
             out["loads"] = list(self._loads)
         return out
+
+    def counter_totals(self) -> dict[str, int]:
+        """This side's counters as flat totals (``metrics.COUNTERS``' names): its own, the
+        tier's (``tier_*``, this process's store objects) and the saver's (``saver_*``)."""
+        out = dict(self._counters)
+        out.update({f"tier_{k}": v for k, v in self._tier_counters().items()})
+        if self._saver is not None:
+            out.update({f"saver_{k}": v for k, v in self._saver.counters().items() if isinstance(v, int)})
+        return out
+
+    def _tier_counters(self) -> dict[str, int]:
+        """The tier's counters of this process: its store's and its saver's store's."""
+        tier = self.store.prefix.stats_counters()
+        if self._saving_store is not None:
+            for k, v in self._saving_store.prefix.stats_counters().items():
+                tier[k] = tier.get(k, 0) + v
+        return tier
+
+    def get_kv_connector_stats(self) -> SpeckvConnectorStats | None:
+        """What this side's counters gained since its last report (vLLM asks every step; its
+        loggers sum the reports of the scheduler and every worker)."""
+        deltas = counter_deltas(self.counter_totals(), self._reported)
+        return SpeckvConnectorStats(data=deltas) if deltas else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> SpeckvConnectorStats:
+        return SpeckvConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> SpeckvPromMetrics:
+        return SpeckvPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def _write_stats(self) -> None:
         if not self._stats_file:

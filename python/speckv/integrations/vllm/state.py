@@ -31,6 +31,7 @@ class _ConnectorState(KVConnectorBase_V1):
     _counters: dict[str, int]
     _stats_file: str | None
     _memory_tier: Path | None
+    _reported: dict[str, int]
     # scheduler side
     _save_wait_s: float
     _pending_saves: list[list[Any]]
