@@ -70,7 +70,7 @@ def main() -> None:
     model = json.loads(get(f"{base}/v1/models"))["data"][0]["id"]
     text = (files("speckv") / "data" / "evaluation.txt").read_text()
     docs = [text[i * 3000 : (i + 1) * 3000] + "\n\nSummary:" for i in range(3)]
-    workload = [("document 1", docs[0]), ("document 2", docs[1]), ("document 3", docs[2]), ("document 1 again", docs[0])]
+    workload = [(f"document {i + 1}", doc) for i, doc in enumerate(docs)] + [("document 1 again", docs[0])]
     rows = []
     before = counters(base)
     print(f"{'request':<18} {'vLLM cache':>10} {'connector':>10} {'speckv':>8}  (prompt tokens served from each)")
