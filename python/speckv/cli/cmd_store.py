@@ -23,7 +23,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--prompts", type=int, default=4, help="prompts cut from the text (default 4)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per prompt (default 512)")
-    p.add_argument("--block-size", type=int, default=None, help="tokens per block (first put; default 256)")
+    p.add_argument(
+        "--block-size", type=int, default=None, metavar="TOKENS", help="tokens per block (first put; default 256)"
+    )
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default=None, help="storage dtype (first put)")
     p.add_argument("--calibration", help="a calibration file (default: the cached one of `speckv demo`)")
     p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")

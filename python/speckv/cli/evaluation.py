@@ -36,7 +36,14 @@ def add_eval_arguments(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="tokens per prompt (default 512)")
     p.add_argument("--samples", type=int, default=32, help="calibration prompts (default 32)")
     p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
-    p.add_argument("--block-size", type=int, default=None, help="fp8 predictor block scales (default: per tensor)")
+    p.add_argument(
+        "--fp8-scale-block",
+        dest="block_size",
+        metavar="TOKENS",
+        type=int,
+        default=None,
+        help="tokens per fp8 scale block of the fp8 predictor (default: one scale per tensor)",
+    )
     p.add_argument("--predictor", help=f"the predictor: {PREDICTORS_HELP}; default prefix, or the --calibration file's")
     if not demo:
         p.add_argument("--predictors", help="several predictors, comma-separated: prints their trade-off table")
