@@ -142,3 +142,13 @@ def test_the_trace_page_is_the_committed_run():
     page = (DOCS / "benchmarks" / "trace.md").read_text()
     table = re.search(r"<!-- trace-table:[^>]*-->\n(.*?)<!-- /trace-table -->", page, re.S).group(1)
     assert table == bench.markdown_table(run)
+
+
+def test_no_page_speaks_of_how_the_project_is_developed():
+    """The pages and the README say what the software does and what was measured on which CPU,
+    not which issue or session did it (upstream references as ``owner/repo#N`` stay)."""
+    banned = re.compile(r"\bissues? #?\d+|(?<![\w/])#\d{2,}\b|\bVM\b|\bsessions?\b", re.I)
+    for path in [*DOCS.rglob("*.md"), DOCS.parent / "README.md"]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = banned.search(line)
+            assert m is None, f"{path.relative_to(DOCS.parent)}:{n}: {m.group(0)!r} in {line.strip()!r}"
