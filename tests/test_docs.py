@@ -152,3 +152,26 @@ def test_no_page_speaks_of_how_the_project_is_developed():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             m = banned.search(line)
             assert m is None, f"{path.relative_to(DOCS.parent)}:{n}: {m.group(0)!r} in {line.strip()!r}"
+
+
+def test_the_readme_headline_is_the_demo_pages_table():
+    """The README's headline rows (bits/scalar, ideal, vs raw, vs zstd, restore) are the
+    demo-model page's table: one run, quoted twice, the same figures."""
+    readme = (DOCS.parent / "README.md").read_text()
+    page = (DOCS / "benchmarks" / "demo-model.md").read_text()
+    for cache in ("bf16", "fp8"):
+        head = re.search(
+            rf"^\| {cache} \| \*\*([\d.]+)\*\* \(ideal ([\d.]+)\) \| ([\d.]+x) smaller \| ([\d.]+x) smaller \|(.*)$",
+            readme,
+            re.M,
+        )
+        row = re.search(
+            rf"^\| {cache} \| [\d.]+ \| [\d.]+ \| \*\*([\d.]+)\*\* \| ([\d.]+) \| [\d.]+ "
+            rf"\| ([\d.]+x) \| [\d.]+ \| ([\d.]+x) \|(.*)$",
+            page,
+            re.M,
+        )
+        assert head and row, cache
+        assert head.groups()[:4] == row.groups()[:4], (cache, head.groups(), row.groups())
+        restore = re.findall(r"[\d.]+x", head.group(5)), re.findall(r"[\d.]+x", row.group(5))
+        assert restore[0] == restore[1], (cache, restore)
