@@ -32,7 +32,6 @@ def _serve(folder: Path, speckv: bool) -> list[dict]:
     env = engine_env(str(ROOT / "tests"))
     env["PATH"] = f"{Path(python).parent}{os.pathsep}{env['PATH']}"  # the venv's python and speckv
     env["SPECKV"] = "1" if speckv else "0"
-    folder.mkdir(parents=True, exist_ok=True)
     run = subprocess.run(
         ["bash", str(SCRIPT), str(_free_port())], cwd=folder, env=env, capture_output=True, text=True, timeout=900
     )
@@ -43,8 +42,9 @@ def _serve(folder: Path, speckv: bool) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    # one folder for both servers, as a user reruns the script: the model is exported once
     folder = tmp_path_factory.mktemp("quickstart")
-    return _serve(folder / "speckv", True), _serve(folder / "plain", False)
+    return _serve(folder, True), _serve(folder, False)
 
 
 def test_the_repeat_of_an_evicted_document_is_served_from_the_tier(served):
