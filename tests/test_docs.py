@@ -175,3 +175,27 @@ def test_the_readme_headline_is_the_demo_pages_table():
         assert head.groups()[:4] == row.groups()[:4], (cache, head.groups(), row.groups())
         restore = re.findall(r"[\d.]+x", head.group(5)), re.findall(r"[\d.]+x", row.group(5))
         assert restore[0] == restore[1], (cache, restore)
+
+
+def test_the_serving_pages_table_is_the_committed_run():
+    """docs/benchmarks/serving.md's first table is docs/bench/serving-demo-long-doc-qa-amd.json:
+    tokens served, mean TTFT, a full hit against the prefill and the bytes stored, per row."""
+    import json
+
+    run = json.loads((DOCS / "bench" / "serving-demo-long-doc-qa-amd.json").read_text())
+    rows = {(r["budget"], r["codec"]): r for r in run["models"][0]["rows"]}
+    page = (DOCS / "benchmarks" / "serving.md").read_text()
+    table = page[page.index("| budget | codec |") :].split("\n\n")[0].splitlines()[2:]
+    budget = None
+    seen = 0
+    for line in table:
+        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+        budget = float(cells[0]) if cells[0] else budget
+        codec = re.search(r"`?(\w+)`?", cells[1]).group(1)
+        r = rows[(budget, codec)]
+        assert cells[2] == f"{r['served_fraction'] * 100:.1f}%", line
+        assert cells[4] == f"{r['ttft_mean_s']:.3f} s", line
+        assert cells[7] == f"{r['full_hit_over_prefill']:.2f}x", line
+        assert cells[8] == f"{r['bytes_stored'] / 1e6:.1f}", line
+        seen += 1
+    assert seen == len(rows)
