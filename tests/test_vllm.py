@@ -344,7 +344,8 @@ def test_a_request_waits_for_the_save_of_its_prefix_still_on_its_way(engine, wor
         "speckv-slow-save",
         "memory",
         workload={**load, "requests": requests},
-        extra={"predictor": "none", "stats_file": str(stats), "test_save_delay_s": 1.0, "save_wait_s": 5.0},
+        save_delay_s=1.0,
+        extra={"predictor": "none", "stats_file": str(stats), "save_wait_s": 5.0},
     )
     worker, scheduler = json.loads(stats.read_text()), json.loads(stats.with_suffix(".scheduler.json").read_text())
     assert _served(run, worker) == [0, 2 * BLOCK] * 3

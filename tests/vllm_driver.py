@@ -76,12 +76,12 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
             super().wait_for_save()
 
     class SlowSavingSpeckvConnector(SpeckvConnector):
-        """SpeckvConnector whose background saves each take ``test_save_delay_s`` longer (a
-        saver behind the requests, made certain)."""
+        """SpeckvConnector whose background saves each take ``SPECKV_TEST_SAVE_DELAY_S`` seconds
+        longer (a saver behind the requests, made certain; an environment variable, not a key of
+        the connector's configuration, which refuses keys it does not know)."""
 
         def _save_now(self, token_ids: list[int], blocks: list[Any], store: Any = None) -> int:
-            extra = self._kv_transfer_config.kv_connector_extra_config or {}
-            time.sleep(float(extra.get("test_save_delay_s", 0)))
+            time.sleep(float(os.environ.get("SPECKV_TEST_SAVE_DELAY_S", "0")))
             return super()._save_now(token_ids, blocks, store)
 
 except ImportError:  # imported by pytest outside the vLLM virtualenv: only the docs matter
@@ -175,7 +175,9 @@ def main(path: str) -> None:
     kind = cfg.get("connector", "speckv")
     transfer = None
     if kind == "speckv":
-        extra = {"store": cfg["store"], "calibration": cfg["calibration"], **cfg.get("extra", {})}
+        extra = {"store": cfg["store"], **cfg.get("extra", {})}
+        if "predictor" not in extra:  # a predicted store: the calibration names its predictor
+            extra["calibration"] = cfg["calibration"]
         transfer = KVTransferConfig(
             kv_connector="RecordingSpeckvConnector" if cfg.get("record") else "SpeckvConnector",
             kv_connector_module_path="vllm_driver" if cfg.get("record") else "speckv.integrations.vllm",
@@ -191,7 +193,9 @@ def main(path: str) -> None:
     if cfg.get("record"):
         os.makedirs(cfg["record"], exist_ok=True)
         os.environ["SPECKV_TEST_RECORD"] = cfg["record"]
-    elif kind in ("speckv-free", "speckv-slow-save"):  # without a calibration (predictor in extra)
+    if cfg.get("save_delay_s"):
+        os.environ["SPECKV_TEST_SAVE_DELAY_S"] = str(cfg["save_delay_s"])  # vLLM's processes inherit it
+    if kind in ("speckv-free", "speckv-slow-save"):  # without a calibration (predictor in extra)
         slow = kind == "speckv-slow-save"
         transfer = KVTransferConfig(
             kv_connector="SlowSavingSpeckvConnector" if slow else "SpeckvConnector",

@@ -91,6 +91,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "tests",
         "set by the vLLM engine tests in their engine's processes (a folder for its records)",
     ),
+    "SPECKV_TEST_SAVE_DELAY_S": ("tests", "set by the vLLM engine tests: seconds each background save is slowed by"),
     "SPECKV_PROFILE_CTL": ("benches", "set by `benches/profile_restore.py` in the processes it profiles"),
     "SPECKV_GPU_MODEL": ("cuda/gpu-check.sh", "a transformers folder the GPU check serves through vLLM"),
     "SPECKV_VENV": (".ci/run", "the development virtualenv (default `~/.cache/speckv-venv`)"),
