@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from .calibration_cache import calibrated_codec
-from .common import load, need_hf
+from .common import add_fp8_scale_block, load, need_hf
 from .predictor_spec import PREDICTORS_HELP, parse_spec
 
 
@@ -17,14 +17,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument(
-        "--fp8-scale-block",
-        dest="block_size",
-        metavar="TOKENS",
-        type=int,
-        default=None,
-        help="tokens per fp8 scale block of the fp8 predictor (default: one scale per tensor)",
-    )
+    add_fp8_scale_block(p)
     p.add_argument("--predictor", default="prefix", help=f"the predictor: {PREDICTORS_HELP}")
     p.add_argument(
         "--fp8-scale",

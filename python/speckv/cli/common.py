@@ -18,6 +18,19 @@ class CommandError(Exception):
     """A command cannot go on: its message is printed as ``speckv COMMAND: message``."""
 
 
+def add_fp8_scale_block(p: argparse.ArgumentParser) -> None:
+    """``--fp8-scale-block TOKENS``: the fp8 predictor's scale blocks (``args.block_size``), named
+    apart from the stores' ``--block-size`` (tokens per stored block)."""
+    p.add_argument(
+        "--fp8-scale-block",
+        dest="block_size",
+        metavar="TOKENS",
+        type=int,
+        default=None,
+        help="tokens per fp8 scale block of the fp8 predictor (default: one scale per tensor)",
+    )
+
+
 def say(args: argparse.Namespace, *parts: Any) -> None:
     """A progress line on stdout, unless the command prints JSON."""
     if not args.json:

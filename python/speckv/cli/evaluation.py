@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from .calibration_cache import calibrated_codec
-from .common import say, text, text_name
+from .common import add_fp8_scale_block, say, text, text_name
 from .predictor_spec import PREDICTORS_HELP, describe_short
 
 if TYPE_CHECKING:  # the hf extra: imported where it is used
@@ -36,14 +36,7 @@ def add_eval_arguments(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="tokens per prompt (default 512)")
     p.add_argument("--samples", type=int, default=32, help="calibration prompts (default 32)")
     p.add_argument("--calibration-text", help="calibration text file (default: the bundled text)")
-    p.add_argument(
-        "--fp8-scale-block",
-        dest="block_size",
-        metavar="TOKENS",
-        type=int,
-        default=None,
-        help="tokens per fp8 scale block of the fp8 predictor (default: one scale per tensor)",
-    )
+    add_fp8_scale_block(p)
     p.add_argument("--predictor", help=f"the predictor: {PREDICTORS_HELP}; default prefix, or the --calibration file's")
     if not demo:
         p.add_argument("--predictors", help="several predictors, comma-separated: prints their trade-off table")
