@@ -4,10 +4,12 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from vllm_engine import engine, vllm_calibration  # noqa: F401  (the vLLM tests' fixtures, for every module)
 
 settings.register_profile(
     "default",
@@ -16,6 +18,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("default")
+
+# Under pytest-xdist (the README's test command runs `-n 2`) each worker is a process of its own:
+# one thread each for torch and OpenMP, in the workers and the processes they start (vLLM's
+# engines), so that two workers on two cores do not run four threads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # SPECKV_REQUIRE=redis,nvcc,...: the things named are here, so a test that would skip for want
 # of one fails instead (.ci/run names what it installed; every skip's reason is printed by
@@ -41,6 +49,25 @@ def pytest_configure(config):
     unknown = sorted(set(REQUIRED) - set(REQUIREMENTS))
     if unknown:
         raise pytest.UsageError(f"SPECKV_REQUIRE: unknown {unknown}; known: {sorted(REQUIREMENTS)}")
+
+
+# The modules that take longest (engines started, the demo model end to end), run first: under
+# pytest-xdist (`--dist loadfile`, a module to a worker) the other worker runs the many short
+# ones meanwhile instead of waiting for the last long one at the end.
+SLOW_FIRST = (
+    "test_vllm.py",
+    "test_vllm_workloads.py",
+    "test_vllm_serve.py",
+    "test_vllm_tier.py",
+    "test_hf.py",
+    "test_docs.py",
+    "test_cli.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: in-module order kept
 
 
 def required_but_missing(reason: str) -> str | None:
@@ -72,6 +99,26 @@ def pytest_make_collect_report(collector):
     # a whole module skipped at import (pytest.importorskip("torch") at its top)
     outcome = yield
     fail_if_required(outcome.get_result())
+
+
+@pytest.fixture(scope="session")
+def demo_folder(tmp_path_factory) -> Path:
+    """The demo model as a transformers folder, written by ``speckv export`` once per test run
+    and shared by the pytest-xdist workers (its conversion takes ~25 s): the first worker to
+    ask writes it under a lock, in the run's common temporary folder."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from filelock import FileLock  # torch's own requirement
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' common folder
+    folder = root / "demo-model-hf"
+    with FileLock(str(root / "demo-model-hf.lock")):
+        if not (folder / ".exported").exists():
+            subprocess.run([sys.executable, "-m", "speckv.cli", "export", str(folder)], check=True)
+            (folder / ".exported").touch()
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from test_vllm import _vllm_python  # noqa: E402
+from vllm_engine import vllm_python  # noqa: E402
 
 from helpers import pytest_elsewhere  # noqa: E402
 
@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 
 
 def test_every_gpu_layout_of_the_installed_vllm_round_trips_bit_for_bit():
-    pytest_elsewhere(_vllm_python(), HERE / "paged_gpu_cases.py")
+    pytest_elsewhere(vllm_python(), HERE / "paged_gpu_cases.py")
 
 
 def test_the_gpu_paged_benchmark_runs_on_the_host(tmp_path):

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_vllm import _vllm_python
 from vllm_driver import engine_env
+from vllm_engine import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "quickstart" / "serve.sh"
@@ -27,24 +27,43 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(folder: Path, speckv: bool) -> list[dict]:
-    python = _vllm_python()
+def _start(folder: Path, speckv: bool) -> subprocess.Popen:
+    python = vllm_python()
     env = engine_env(str(ROOT / "tests"))
     env["PATH"] = f"{Path(python).parent}{os.pathsep}{env['PATH']}"  # the venv's python and speckv
     env["SPECKV"] = "1" if speckv else "0"
-    run = subprocess.run(
-        ["bash", str(SCRIPT), str(_free_port())], cwd=folder, env=env, capture_output=True, text=True, timeout=900
+    return subprocess.Popen(
+        ["bash", str(SCRIPT), str(_free_port())],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
+
+
+def _outputs(folder: Path, run: subprocess.Popen) -> list[dict]:
+    try:
+        out, _ = run.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        out, _ = run.communicate()
     log = (folder / "server.log").read_text()[-3000:] if (folder / "server.log").exists() else ""
-    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-2000:]}\n{log}"
+    assert run.returncode == 0, f"{out[-3000:]}\n{log}"
     return json.loads((folder / "outputs.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    # one folder for both servers, as a user reruns the script: the model is exported once
-    folder = tmp_path_factory.mktemp("quickstart")
-    return _serve(folder, True), _serve(folder, False)
+def served(tmp_path_factory, demo_folder):
+    """Both servers at once (each run of the script is mostly imports and start-up, one core's
+    work): the connector's in one folder, the plain one in another, each over the test run's
+    exported model (``speckv export``, the script's first step, which it skips where the folder
+    has the model)."""
+    tier, plain = tmp_path_factory.mktemp("quickstart"), tmp_path_factory.mktemp("quickstart-plain")
+    for folder in (tier, plain):
+        (folder / "smollm2-hf").symlink_to(demo_folder)
+    runs = [(tier, _start(tier, True)), (plain, _start(plain, False))]
+    return tuple(_outputs(folder, run) for folder, run in runs)
 
 
 def test_the_repeat_of_an_evicted_document_is_served_from_the_tier(served):

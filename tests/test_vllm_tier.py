@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from test_vllm import _vllm_python  # noqa: E402
+from vllm_engine import vllm_python  # noqa: E402
 
 from helpers import pytest_elsewhere  # noqa: E402
 
@@ -26,11 +26,11 @@ def _run_cases(python: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_the_speckv_tier_in_vllms_tiering_manager():
-    _run_cases(_vllm_python())
+    _run_cases(vllm_python())
 
 
 def test_the_speckv_tier_in_the_newest_vllms_tiering_manager():
-    python = _vllm_python()
+    python = vllm_python()
     newest = os.environ.get("SPECKV_VLLM_NEWEST")
     if not newest or not (Path(newest) / "vllm" / "v1" / "kv_offload" / "tiering" / "base.py").exists():
         pytest.skip("the newest vLLM's modules are not unpacked (.ci/vllm-newest; SPECKV_VLLM_NEWEST names them)")

@@ -2,6 +2,14 @@
 virtualenv, ``.ci/vllm-venv``; one process per run, so that a second run is a restart).
 
     python tests/vllm_driver.py CONFIG.json
+    python tests/vllm_driver.py --host        # the engine host: a run per line of stdin
+
+The engine host (``EngineHost``, for the tests) imports vLLM, torch and speckv once, then forks a
+fresh process for every run it is sent: each run is still its own process (a restart), but none
+pays the ~30 s of imports a cold start costs on two cores (the front, vLLM's engine core and its
+worker each importing vLLM). vLLM's engine core and worker are forked from the run's process too
+(``_fork_engine_processes``): they are separate processes as in serving, so the connector's
+metadata crosses between its scheduler and worker sides as it does there.
 
 CONFIG: ``model`` (a transformers folder), ``prompts`` (lists of token ids), ``connector``
 ("speckv", "example" or "none"), ``store``, ``calibration``, ``kv_cache_dtype``, ``max_tokens``,
@@ -9,17 +17,22 @@ CONFIG: ``model`` (a transformers folder), ``prompts`` (lists of token ids), ``c
 injected into it, as read back from vLLM's buffer), ``out`` (a JSON file: greedy outputs and
 each request's time to first token), ``ttft_each`` (run the prompts one at a time, for times),
 ``workload`` (a serving workload run request by request, each timed to its first token:
-``run_workload``), ``prefix_caching`` (vLLM's own, default off), ``extra`` (more of the
-connector's ``kv_connector_extra_config``).
+``run_workload``), ``prefix_caching`` (vLLM's own, default off), ``max_num_batched_tokens``
+(vLLM's default where absent), ``extra`` (more of the connector's ``kv_connector_extra_config``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import time
-from typing import Any
+import traceback
+from typing import IO, Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -104,9 +117,20 @@ class Engine:
     after the first is an engine restart); ``tmp``: where each run's config, outputs and
     records go."""
 
-    def __init__(self, python: str, folder: str, calibration: str, prompts: list[list[int]], tmp: str) -> None:
+    def __init__(
+        self,
+        python: str,
+        folder: str,
+        calibration: str,
+        prompts: list[list[int]],
+        tmp: str,
+        host: EngineHost | None = None,
+        batch_tokens: int | None = None,
+    ) -> None:
         self.python, self.folder, self.calibration, self.prompts = python, str(folder), str(calibration), prompts
         self.tmp = str(tmp)
+        self.host = host
+        self.batch_tokens = batch_tokens
         self.count = 0
         self._plain: dict[str, dict[str, Any]] = {}
 
@@ -131,8 +155,8 @@ class Engine:
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ~20 s a run instead of ~45 s: each of vLLM's
         processes imports vLLM again) for runs that are references, not the connector under
         test: by default a speckv run has its scheduler and worker sides in vLLM's own
-        processes, as in serving, so its metadata crosses between them."""
-        import subprocess
+        processes, as in serving, so its metadata crosses between them. With a ``host`` the run
+        is a process it forks (``EngineHost``), without one a new interpreter."""
         from pathlib import Path
 
         self.count += 1
@@ -147,24 +171,150 @@ class Engine:
             "kv_cache_dtype": dtype,
             "out": str(work / "out.json"),
             "record": str(work / "record") if record else None,
+            "max_num_batched_tokens": self.batch_tokens,
             **more,
         }
         (work / "config.json").write_text(json.dumps(cfg))
         here = os.path.dirname(os.path.abspath(__file__))
-        proc = subprocess.run(
-            [self.python, os.path.join(here, "vllm_driver.py"), str(work / "config.json")],
-            capture_output=True,
-            text=True,
-            env=dict(engine_env(here), **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if in_process else {})),
-            timeout=1800,
-        )
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
+        mode = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+        if self.host is not None:
+            returncode = self.host.run(str(work / "config.json"), str(work / "log.txt"), mode, timeout=1800)
+            log = (work / "log.txt").read_text(errors="replace")
+        else:
+            proc = subprocess.run(
+                [self.python, os.path.join(here, "vllm_driver.py"), str(work / "config.json")],
+                capture_output=True,
+                text=True,
+                env=dict(engine_env(here), **mode),
+                timeout=1800,
+            )
+            returncode, log = proc.returncode, proc.stdout + proc.stderr
+        if returncode != 0:
             raise RuntimeError(f"vLLM run {work} failed:\n{log[-4000:]}")
         result = json.loads((work / "out.json").read_text())
         result["log"] = log
         result["record"] = work / "record"
         return result
+
+
+class EngineHost:
+    """The engine host (``python vllm_driver.py --host`` in the vLLM virtualenv's ``python``):
+    one interpreter that has imported vLLM, torch and speckv, forking a process per run. A run
+    past its ``timeout`` is killed with every process it started (its process group)."""
+
+    def __init__(self, python: str, log: str) -> None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        self._log = log
+        self._errors = open(log, "w")
+        self._proc = subprocess.Popen(
+            [python, os.path.join(here, "vllm_driver.py"), "--host"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            text=True,
+            env=engine_env(here),
+        )
+        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
+
+    def _read(self, stream: IO[str] | None) -> None:
+        assert stream is not None
+        for line in stream:
+            if line.startswith("{"):
+                self._replies.put(json.loads(line))
+        self._replies.put(None)  # the host is gone
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        reply = self._replies.get(timeout=timeout)
+        if reply is None:
+            self._errors.flush()
+            raise RuntimeError(f"the engine host exited:\n{open(self._log).read()[-4000:]}")
+        return reply
+
+    def run(self, config: str, log: str, env: dict[str, str], timeout: float) -> int:
+        """One run of ``main(config)`` in a forked process, its output in ``log``: its exit code."""
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"config": config, "log": log, "env": env}) + "\n")
+        self._proc.stdin.flush()
+        pid = self._reply(timeout=300)["pid"]
+        try:
+            return int(self._reply(timeout=timeout)["rc"])
+        except queue.Empty:
+            os.killpg(pid, signal.SIGKILL)
+            self._reply(timeout=60)
+            raise TimeoutError(f"vLLM run {config} took over {timeout} s (killed)") from None
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._errors.close()
+
+
+def _fork_engine_processes() -> None:
+    """vLLM's CPU platform sets its start method to spawn (``CpuPlatform.check_and_update_config``),
+    so that its engine core and worker import vLLM afresh (~8 s each here); in the engine host
+    they are forked from a process that has imported it, and are separate processes still."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    update = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def keep_fork(cls: Any, vllm_config: Any) -> None:
+        update(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    CpuPlatform.check_and_update_config = classmethod(keep_fork)  # type: ignore[method-assign]
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+
+def host() -> None:
+    """The engine host's loop: a JSON line per run (``config``, ``log``, ``env``) on stdin; for
+    each, a forked process runs it (its own process group, its output in ``log``), and two JSON
+    lines answer on stdout: ``{"pid": ...}`` at its start, ``{"rc": ...}`` at its end. Only
+    the main thread runs here, so forking is safe."""
+    import transformers  # noqa: F401  (what every run imports, imported once)
+    import vllm.v1.engine.core  # noqa: F401
+    import vllm.v1.executor.multiproc_executor  # noqa: F401
+    import vllm.v1.worker.cpu_model_runner  # noqa: F401
+    import vllm.v1.worker.cpu_worker  # noqa: F401
+    from vllm import LLM  # noqa: F401
+
+    _fork_engine_processes()
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(request)  # never returns
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+def _run_forked(request: dict[str, Any]) -> None:
+    """A run in the host's forked child: its output to its log, its settings in its environment,
+    then ``main``; it leaves through ``SystemExit``, so that vLLM's engine shuts down (and the
+    connector drains its saves) as at the end of a run's own interpreter."""
+    os.setpgid(0, 0)
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.environ.update(request["env"])
+        main(request["config"])
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    raise SystemExit(code)
 
 
 def main(path: str) -> None:
@@ -210,6 +360,8 @@ def main(path: str) -> None:
         enable_prefix_caching=bool(cfg.get("prefix_caching", False)),
         kv_transfer_config=transfer,
         max_model_len=cfg.get("max_model_len", 2048),
+        # vLLM's default (4096 here) sizes the warm-up forward pass each start makes: 5 s on two cores
+        **({"max_num_batched_tokens": cfg["max_num_batched_tokens"]} if cfg.get("max_num_batched_tokens") else {}),
         seed=0,
     )
     if cfg.get("workload"):
@@ -272,7 +424,6 @@ def run_workload(llm: Any, workload: dict[str, Any]) -> dict[str, Any]:
     killed or restarted mid-workload, in the tests).
 
     Returns per request its prompt's length, output tokens, TTFT and time, and the wall time."""
-    import subprocess
 
     max_tokens = int(workload.get("max_tokens", 8))
     hooks = {int(i): argv for i, argv in workload.get("hooks", {}).items()}
@@ -312,4 +463,7 @@ def run_workload(llm: Any, workload: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    main(sys.argv[1])
+    if sys.argv[1] == "--host":
+        host()
+    else:
+        main(sys.argv[1])

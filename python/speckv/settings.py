@@ -67,8 +67,14 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "`0`: portable kernels only; `avx2`: no AVX-512 kernels (every kernel computes the same bits)",
     ),
     "SPECKV_CACHE_DIR": (
-        "the CLI, the CUDA module",
-        "where calibrations and compiled CUDA kernels are cached (default `~/.cache/speckv`)",
+        "the CLI, model loading, the CUDA module",
+        "where calibrations, the converted demo model and compiled CUDA kernels are cached "
+        "(default `$XDG_CACHE_HOME/speckv`, else `~/.cache/speckv`)",
+    ),
+    "SPECKV_MODEL_CACHE": (
+        "model loading",
+        "`0`: load the demo model from its GGUF file every time (~20 s) instead of from the bf16 "
+        "folder converted once under `$SPECKV_CACHE_DIR/models` (~270 MB)",
     ),
     "SPECKV_TRACEBACK": ("the CLI", "`1`: show the traceback of an error instead of its one line"),
     "SPECKV_REQUIRE": (

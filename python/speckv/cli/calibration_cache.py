@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._cache_dir import cache_dir
 from .common import calibration_text, say
 from .predictor_spec import describe_short, make_predictor, predictor_key
 
 if TYPE_CHECKING:  # the hf extra: imported where it is used
     from ..hf.codec.codec import SpeculativeCodec
-
-
-def cache_dir() -> Path:
-    """Where calibrations are cached: $SPECKV_CACHE_DIR, else $XDG_CACHE_HOME/speckv, else
-    ~/.cache/speckv."""
-    if os.environ.get("SPECKV_CACHE_DIR"):
-        return Path(os.environ["SPECKV_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "speckv"
 
 
 def calibrated_codec(
