@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
-from filelock import FileLock  # a requirement of torch and of transformers' hub client
 
 from ..._cache_dir import cache_dir
 
@@ -56,6 +54,8 @@ def _file_digest(path: Path) -> str:
 
 def folder_for(gguf: Path, dtype: torch.dtype) -> Path:
     """Where ``gguf`` converted to ``dtype`` is cached."""
+    import transformers  # imported where used, as everywhere in ``speckv.hf``
+
     name = (
         f"{gguf.stem}-{_file_digest(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
     )
@@ -65,6 +65,8 @@ def folder_for(gguf: Path, dtype: torch.dtype) -> Path:
 def cached_folder(gguf: Path, dtype: torch.dtype, load: Any) -> Path:
     """The cached folder of ``gguf`` in ``dtype``, converted first where there is none:
     ``load(path, dtype)`` is the GGUF loader (``demo.load_model`` without the cache)."""
+    from filelock import FileLock  # a requirement of torch and of transformers' hub client
+
     folder = folder_for(gguf, dtype)
     if (folder / SOURCE_CONFIG).exists():
         return folder
