@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from vllm_engine import engine, vllm_calibration  # noqa: F401  (the vLLM tests' fixtures, for every module)
 
+from helpers import made_once
+
 settings.register_profile(
     "default",
     max_examples=int(os.environ.get("SPECKV_HYPOTHESIS_EXAMPLES", "150")),
@@ -108,17 +110,11 @@ def demo_folder(tmp_path_factory) -> Path:
     ask writes it under a lock, in the run's common temporary folder."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from filelock import FileLock  # torch's own requirement
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the workers' common folder
-    folder = root / "demo-model-hf"
-    with FileLock(str(root / "demo-model-hf.lock")):
-        if not (folder / ".exported").exists():
-            subprocess.run([sys.executable, "-m", "speckv.cli", "export", str(folder)], check=True)
-            (folder / ".exported").touch()
-    return folder
+    def export(folder: Path) -> None:
+        subprocess.run([sys.executable, "-m", "speckv.cli", "export", str(folder)], check=True)
+
+    return made_once(tmp_path_factory, "demo-model-hf", export)
 
 
 @pytest.fixture(scope="session")

@@ -105,3 +105,20 @@ def pytest_elsewhere(python: str, path: Path, env: dict[str, str] | None = None)
     assert run.returncode == 0, tail
     assert " passed" in run.stdout and "skipped" not in run.stdout, tail
     return run.stdout
+
+
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """``name`` in the test run's common temporary folder (the pytest-xdist workers share it),
+    made by ``make(path)`` once per run: the first process to ask makes it under a lock, and
+    a marker written after ``make`` returns tells the others it is whole."""
+    from filelock import FileLock  # a requirement of torch: the callers need torch
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' common folder
+    path, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            make(path)
+            done.touch()
+    return path

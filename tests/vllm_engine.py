@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from helpers import made_once
+
 HERE = Path(__file__).parent
 VLLM_PYTHON = os.environ.get("SPECKV_VLLM_PYTHON", str(Path.home() / ".cache/speckv-vllm-venv/bin/python"))
 BLOCK = 128  # vLLM's CPU block size
@@ -36,26 +38,18 @@ def vllm_calibration(tmp_path_factory, demo_folder) -> Path:
     virtualenv (its torch is the one that runs the predictor) and shared by the pytest-xdist
     workers; on two short samples (the tests check exactness, not bits; on one the fit is
     degenerate and the blocks grow past raw)."""
-    from filelock import FileLock
     from vllm_driver import engine_env  # imported where used: it sets vLLM's variables on import
 
     python = vllm_python()
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the workers' common folder
-    calibration = root / "vllm-map-calibration.safetensors"
-    with FileLock(str(calibration) + ".lock"):
-        if not calibration.exists():
-            argv = ["calibrate", "--model", str(demo_folder), "--predictor", "map", "--fp8-scale", "1.0"]
-            argv += ["--samples", "2", "--seq-len", "128", "-o", str(calibration), "--json"]
-            subprocess.run(
-                [python, "-m", "speckv.cli", *argv],
-                check=True,
-                capture_output=True,
-                env=engine_env(str(HERE)),
-                timeout=900,
-            )
-    return calibration
+
+    def calibrate(out: Path) -> None:
+        argv = ["calibrate", "--model", str(demo_folder), "--predictor", "map", "--fp8-scale", "1.0"]
+        argv += ["--samples", "2", "--seq-len", "128", "-o", str(out), "--json"]
+        subprocess.run(
+            [python, "-m", "speckv.cli", *argv], check=True, capture_output=True, env=engine_env(str(HERE)), timeout=900
+        )
+
+    return made_once(tmp_path_factory, "vllm-map-calibration.safetensors", calibrate)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ... import _speckv
+from ..._cache_dir import cache_dir
 from ..._speckv import SpeckvError
 
 #: threads per block of every kernel (grid-stride loops: any size works)
@@ -93,7 +93,7 @@ def compile_kernels(arch: str = "compute_90", *, program: str = "speckv_params.c
         raise ValueError(f"arch: expected 'compute_XY' or 'sm_XY', got {arch!r}")
     if program not in PROGRAMS:
         raise ValueError(f"program: expected one of {sorted(PROGRAMS)}, got {program!r}")
-    folder = Path(os.environ.get("SPECKV_CACHE_DIR", Path.home() / ".cache" / "speckv")) / "cuda"
+    folder = cache_dir() / "cuda"
     stem = program.removesuffix(".cu")
     path = folder / f"{stem}-{source_digest()}-{arch}.{'cubin' if cubin else 'ptx'}"
     if cache and path.exists():
