@@ -438,27 +438,42 @@ impl BitWriter {
     }
 }
 
-/// Reads what `BitWriter` wrote; past the end it reads zeros (B5 then fails the chunk).
-struct BitReader {
-    /// The bytes and 8 zero bytes, so that every read is one unaligned load.
-    bytes: Vec<u8>,
+/// Reads what `BitWriter` wrote; past the end it reads zeros (B5 then fails the chunk). The
+/// chunk's bytes are read in place; only the last `TAIL` of them are copied, with zeros after,
+/// so that every read is one unaligned load without copying the chunk.
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    /// `bytes[tail_from..]` then zeros.
+    tail: [u8; TAIL + 8],
+    tail_from: usize,
     len_bits: usize,
     pos: usize,
 }
 
-impl BitReader {
-    fn new(raw: &[u8]) -> BitReader {
-        let mut bytes = Vec::with_capacity(raw.len() + 8);
-        bytes.extend_from_slice(raw);
-        bytes.extend_from_slice(&[0; 8]);
-        BitReader { bytes, len_bits: raw.len() * 8, pos: 0 }
+/// Bytes at the end of a chunk's raw bits that `BitReader` copies.
+const TAIL: usize = 64;
+
+impl<'a> BitReader<'a> {
+    fn new(bytes: &'a [u8]) -> BitReader<'a> {
+        let tail_from = bytes.len().saturating_sub(TAIL);
+        let mut tail = [0u8; TAIL + 8];
+        tail[..bytes.len() - tail_from].copy_from_slice(&bytes[tail_from..]);
+        BitReader { bytes, tail, tail_from, len_bits: bytes.len() * 8, pos: 0 }
     }
 
     /// The 32 bits (or more) from bit `at` on.
     #[inline(always)]
     fn peek_at(&self, at: usize) -> u64 {
-        let byte = (at >> 3).min(self.bytes.len() - 8);
-        let word = u64::from_le_bytes(self.bytes[byte..byte + 8].try_into().unwrap());
+        let byte = at >> 3;
+        let word = if byte + 8 <= self.bytes.len() {
+            u64::from_le_bytes(self.bytes[byte..byte + 8].try_into().unwrap())
+        } else if byte >= self.bytes.len() {
+            0
+        } else {
+            // within the last 8 bytes, which the tail holds (`TAIL >= 8`), zeros after
+            let i = byte - self.tail_from;
+            u64::from_le_bytes(self.tail[i..i + 8].try_into().unwrap())
+        };
         word >> (at & 7)
     }
 
@@ -495,7 +510,7 @@ fn decode_one(
     l: Layout,
     tables: &BinTables,
     words: &[u8],
-    raw: &BitReader,
+    raw: &BitReader<'_>,
     states: &mut [u32; STATES],
     cur: &mut Cursor,
     m: f32,
@@ -533,7 +548,7 @@ fn step(tables: &BinTables, words: &[u8], states: &mut [u32; STATES], cur: &mut 
 
 /// A placed scalar's pattern from its symbol: the escape's raw pattern, or its bin's (B2-B3).
 #[inline(always)]
-fn finish(l: Layout, raw: &BitReader, at: &mut usize, broken: &mut bool, p: Place, symbol: usize) -> u32 {
+fn finish(l: Layout, raw: &BitReader<'_>, at: &mut usize, broken: &mut bool, p: Place, symbol: usize) -> u32 {
     if symbol == ESCAPE {
         raw.read_at(at, l.width)
     } else {
@@ -544,7 +559,7 @@ fn finish(l: Layout, raw: &BitReader, at: &mut usize, broken: &mut bool, p: Plac
 /// B2-B3 backwards: the pattern of bin `base + k`, its raw bits read from `raw` at `at`;
 /// `broken` is set where the bin holds no value of the format (B5).
 #[inline(always)]
-fn pattern(l: Layout, raw: &BitReader, at: &mut usize, broken: &mut bool, p: Place, k: i64) -> u32 {
+fn pattern(l: Layout, raw: &BitReader<'_>, at: &mut usize, broken: &mut bool, p: Place, k: i64) -> u32 {
     let b = p.base + k;
     let negative = b < 0;
     let j = if negative { -b - 1 } else { b };
@@ -670,7 +685,7 @@ pub struct Decoder<'a> {
     states: [u32; STATES],
     words: &'a [u8],
     pos: usize,
-    bits: BitReader,
+    bits: BitReader<'a>,
     /// Scalars decoded so far (B4's `j`).
     j: usize,
     /// A bin without a value or a pattern that is not finite was decoded (B5).
@@ -967,6 +982,78 @@ mod tests {
             let bits = roundtrip(r, DType::BFloat16, &x, &mu, &codes) as f64 * 8.0 / n as f64;
             assert!(bits < entropy + 0.15, "{bits} bits per scalar, entropy {entropy}");
             assert!(bits > entropy - 0.01, "{bits} bits per scalar, entropy {entropy}");
+        }
+    }
+
+    /// Every kernel decodes the same scalars: the AVX-512 one with VBMI's byte permutation and
+    /// with a gather for the raw bits, and the portable one (against the encoder's input).
+    #[test]
+    fn the_vector_kernels_agree_with_the_portable_decoder() {
+        let mut next = lcg(21);
+        let n = 40_000;
+        // values around mu at several sigmas and signs, zero bins and escapes among them
+        let mu: Vec<f32> =
+            (0..n).map(|i| if i % 97 == 0 { 0.0 } else { ((next() % 4000) as f32 - 2000.0) / 500.0 }).collect();
+        let codes: Vec<i16> =
+            (0..n).map(|i| crate::model::ladder::sigma_code(0.01 + (i % 13) as f32 * 0.2).unwrap()).collect();
+        let x: Vec<u16> = mu
+            .iter()
+            .map(|&m| {
+                let v = m + ((next() % 2001) as f32 - 1000.0) / 400.0;
+                if next().is_multiple_of(500) {
+                    next() as u16
+                } else {
+                    (v.to_bits() >> 16) as u16
+                }
+            })
+            .collect();
+        let tables = BinTables::shared(&ModelParams::default(), CURRENT);
+        let mut enc = Encoder::new(DType::BFloat16, tables.clone(), n).unwrap();
+        enc.run(&x, &mu, &codes);
+        let bytes = enc.finish();
+        let decode = |how: &str| {
+            let mut out = vec![0u16; n];
+            let mut dec = Decoder::new(DType::BFloat16, &tables, &bytes).unwrap();
+            // runs of uneven lengths: groups start off their states' alignment too
+            let mut at = 0;
+            for len in [5usize, 16, 333, 4096, n] {
+                let end = (at + len).min(n);
+                match how {
+                    "portable" => dec.run_portable(&mut out[at..end], &mu[at..end], &codes[at..end]),
+                    _ => dec.run(&mut out[at..end], &mu[at..end], &codes[at..end]),
+                }
+                at = end;
+            }
+            dec.finish().unwrap();
+            out
+        };
+        assert_eq!(decode("portable"), x);
+        assert_eq!(decode("auto"), x);
+        #[cfg(target_arch = "x86_64")]
+        {
+            avx512::NO_VBMI.with(|v| v.set(true));
+            let gathered = decode("auto");
+            avx512::NO_VBMI.with(|v| v.set(false));
+            assert_eq!(gathered, x);
+        }
+    }
+
+    /// `BitReader` reads the chunk in place and its last bytes from a copy: every position,
+    /// straddling the two and past the end, reads what the bytes hold (zeros after them).
+    #[test]
+    fn the_bit_reader_reads_every_position() {
+        let mut next = lcg(8);
+        for len in [0usize, 1, 7, 8, 9, 63, 64, 65, 200] {
+            let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let r = BitReader::new(&bytes);
+            for at in 0..(len + 10) * 8 {
+                let want = (0..32).fold(0u64, |acc, k| {
+                    let bit = at + k;
+                    let b = bytes.get(bit / 8).map_or(0, |&byte| (byte >> (bit % 8)) & 1);
+                    acc | (b as u64) << k
+                });
+                assert_eq!(r.peek_at(at) & 0xFFFF_FFFF, want, "len {len}, at {at}");
+            }
         }
     }
 

@@ -4,14 +4,27 @@
 //! so their states are sixteen consecutive ones (half of version 3's 32, all of version 4's 16:
 //! B4). Per group: B1 for every lane (integer vector operations; `mu`'s floor by a per-lane
 //! arithmetic shift), one rANS step per lane (two gathers, a multiply, the words of the lanes
-//! that renormalise taken with an expand in lane order, as the portable decoder takes them),
-//! then B3 backwards: each lane's raw-bit count, their prefix sum for the lanes' bit
-//! positions, one gather of the bits. Whatever a vector does not cover falls back to the
-//! portable code, which reads the same words and bits in the same order: a group with a
-//! non-finite `mu` or a far-out one (B1's left shift) or too few words left is decoded scalar
-//! by scalar by the caller; a group with an escape, a bin below `w` (B3's unary depth) or above
-//! the format's binade (`t > M`), or too few raw bytes left, finishes its patterns lane by lane
-//! after the vector rANS step.
+//! that renormalise taken with an expand in lane order, as the portable decoder takes them;
+//! past the chunk's last word, zeros, as `super::step` reads them), then B3 backwards: each
+//! lane's raw-bit count, their prefix sum for the lanes' bit positions (the zero bins' unary
+//! depths read first, in lane order, from the bits), then the bits: with AVX-512 VBMI one
+//! byte permutation of the 64 bytes from the group's first bit (a group's bits span at most
+//! 16 x (M + 1 + DEPTH_MAX) = 416 bits), else one gather.
+//!
+//! Whatever a vector does not cover falls back to the portable code, which reads the same
+//! words and bits in the same order: a group with a non-finite `mu` or a far-out one (B1's
+//! left shift) is decoded scalar by scalar by the caller; a group with an escape, a bin above
+//! the format's binade (`t > M`), a depth of `DEPTH_MAX` or more, or too few raw bytes left
+//! finishes its patterns lane by lane after the vector rANS step.
+//!
+//! Where the time goes (AMD Zen 4, the demo model's `map` caches, `examples/decode_replay.rs`):
+//! the loop is bound by each group's latency, its B3 waiting for its gathers, not by the
+//! states' chain (32 states, two independent chains, measured no faster) nor by the gathers'
+//! count (one packed gather instead of two, measured no faster). What paid: no branch on
+//! whether a group has zero bins (a third of the groups, at random: each misprediction threw
+//! away the next group's gathers under way), the raw bits by byte permutation, the chunk's
+//! last words without leaving the vector path, the raw bits read in place: 208 -> 263 Msym/s
+//! per core.
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -21,6 +34,51 @@ use super::{CLASS_UNPHASED, ESCAPE, HALF, LOW, PHASES, PHASE_BITS, PRECISION, ST
 use crate::words::Word;
 
 const WIDTH: usize = 16;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests set this to run the gather kernel where VBMI is there too.
+    pub(super) static NO_VBMI: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether `groups` takes the raw bits with VBMI (tests can turn it off per thread).
+fn use_vbmi() -> bool {
+    #[cfg(test)]
+    if NO_VBMI.with(|v| v.get()) {
+        return false;
+    }
+    vbmi()
+}
+
+/// True when the raw bits can be taken with a byte permutation (AVX-512 VBMI and BW).
+fn vbmi() -> bool {
+    static VBMI: OnceLock<bool> = OnceLock::new();
+    *VBMI.get_or_init(|| is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512bw"))
+}
+
+/// The inclusive prefix sum of sixteen lanes.
+#[inline(always)]
+unsafe fn inclusive(v: __m512i) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    let v = _mm512_add_epi32(v, _mm512_alignr_epi32::<15>(v, zero));
+    let v = _mm512_add_epi32(v, _mm512_alignr_epi32::<14>(v, zero));
+    let v = _mm512_add_epi32(v, _mm512_alignr_epi32::<12>(v, zero));
+    _mm512_add_epi32(v, _mm512_alignr_epi32::<8>(v, zero))
+}
+
+/// Lane i: the 4 bytes from byte `offset[i]` of the 64 at `window` (each offset at most 60),
+/// one byte permutation instead of a gather (on AMD Zen 4 a 16-lane gather costs ~25 cycles).
+///
+/// # Safety
+/// AVX-512 VBMI and BW (inlined into a function compiled with them); 64 bytes readable at
+/// `window`.
+#[inline(always)]
+unsafe fn window_bytes(window: *const u8, offset: __m512i) -> __m512i {
+    let bytes = _mm512_loadu_si512(window as *const _);
+    let idx =
+        _mm512_add_epi32(_mm512_mullo_epi32(offset, _mm512_set1_epi32(0x0101_0101)), _mm512_set1_epi32(0x0302_0100));
+    _mm512_permutexvar_epi8(idx, bytes)
+}
 
 /// True when this processor has AVX-512F and `SPECKV_SIMD` is neither `0` nor `avx2`.
 pub(crate) fn enabled() -> bool {
@@ -37,12 +95,66 @@ pub(crate) fn enabled() -> bool {
 /// # Safety
 /// The processor must have AVX-512F (`enabled`).
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f")]
 pub(super) unsafe fn groups<W: Word>(
     l: Layout,
     tables: &BinTables,
     words: &[u8],
-    raw: &BitReader,
+    raw: &BitReader<'_>,
+    states: &mut [u32; STATES],
+    cur: &mut Cursor,
+    out: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+) -> usize {
+    if use_vbmi() {
+        // SAFETY: `vbmi()` checked AVX-512 VBMI and BW, the caller AVX-512F.
+        groups_vbmi(l, tables, words, raw, states, cur, out, mu, codes)
+    } else {
+        groups_gather(l, tables, words, raw, states, cur, out, mu, codes)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn groups_vbmi<W: Word>(
+    l: Layout,
+    tables: &BinTables,
+    words: &[u8],
+    raw: &BitReader<'_>,
+    states: &mut [u32; STATES],
+    cur: &mut Cursor,
+    out: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+) -> usize {
+    groups_with::<W, true>(l, tables, words, raw, states, cur, out, mu, codes)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn groups_gather<W: Word>(
+    l: Layout,
+    tables: &BinTables,
+    words: &[u8],
+    raw: &BitReader<'_>,
+    states: &mut [u32; STATES],
+    cur: &mut Cursor,
+    out: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+) -> usize {
+    groups_with::<W, false>(l, tables, words, raw, states, cur, out, mu, codes)
+}
+
+/// `groups`, the raw bits taken with a byte permutation where `VBMI`, else with a gather;
+/// inlined into each of the two, compiled with their features.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn groups_with<W: Word, const VBMI: bool>(
+    l: Layout,
+    tables: &BinTables,
+    words: &[u8],
+    raw: &BitReader<'_>,
     states: &mut [u32; STATES],
     cur: &mut Cursor,
     out: &mut [W],
@@ -59,9 +171,9 @@ pub(super) unsafe fn groups<W: Word>(
     let r = tables.revision;
     // B1's rounding shift, in eighths of a bin, before the shift by `d` (none without it)
     let rounding = set(if r.rounding { 4 } else { 0 });
-    let raw_ptr = raw.bytes.as_ptr() as *const i32;
+    let raw_ptr = raw.bytes.as_ptr();
     let mut done = 0;
-    while done + WIDTH <= out.len() && cur.pos + WIDTH <= n_words {
+    while done + WIDTH <= out.len() {
         // SAFETY (loads): `done + 16 <= out.len() == mu.len() == codes.len()`.
         let bits = _mm512_loadu_si512(mu.as_ptr().add(done) as *const _);
         let code = _mm512_cvtepi16_epi32(_mm256_loadu_si256(codes.as_ptr().add(done) as *const __m256i));
@@ -121,8 +233,17 @@ pub(super) unsafe fn groups<W: Word>(
             _mm512_srli_epi32::<16>(entry),
         );
         let need = _mm512_cmplt_epu32_mask(next, set(LOW as i32));
-        // SAFETY: `pos + 16 <= n_words`: the 16 words are inside `words`.
-        let fresh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(words.as_ptr().add(2 * cur.pos) as *const __m256i));
+        let fresh = if cur.pos + WIDTH <= n_words {
+            // SAFETY: `pos + 16 <= n_words`: the 16 words are inside `words`.
+            _mm256_loadu_si256(words.as_ptr().add(2 * cur.pos) as *const __m256i)
+        } else {
+            // the chunk's last words, zeros past them (as `super::step` reads them)
+            let mut last = [0u8; 2 * WIDTH];
+            let have = &words[(2 * cur.pos).min(2 * n_words)..2 * n_words];
+            last[..have.len()].copy_from_slice(have);
+            _mm256_loadu_si256(last.as_ptr() as *const __m256i)
+        };
+        let fresh = _mm512_cvtepu16_epi32(fresh);
         let fresh = _mm512_maskz_expand_epi32(need, fresh);
         let s = _mm512_mask_mov_epi32(next, need, _mm512_or_si512(_mm512_slli_epi32::<16>(next), fresh));
         _mm512_storeu_si512(half as *mut _, s);
@@ -139,27 +260,58 @@ pub(super) unsafe fn groups<W: Word>(
         // raw bits before the mantissa bits (B3): a zero bin's unary depth and its one
         let n = _mm512_mask_mov_epi32(_mm512_sub_epi32(set(m), t), zero_bin, set(m));
         let dst = out.as_mut_ptr().add(done);
-        // lane i's bits start at `at` plus the bits of the lanes before it: a prefix sum of
-        // the counts, or, where a zero bin's depth is read from the bits themselves, a walk
-        let mut start = [0i32; WIDTH];
-        let mut depth = [0i32; WIDTH];
-        let mut walked = cur.at;
+        // every lane's bits end before `at + 16 (M + 1 + DEPTH_MAX)` (at most 416 bits): the
+        // window reads 64 bytes from `at`'s byte, the gather 4 bytes past each lane's
+        let fits = cur.at < 1 << 30
+            && (cur.at >> 3) + 64 <= raw.bytes.len()
+            && (cur.at + WIDTH * (l.m as usize + 1 + DEPTH_MAX as usize)) / 8 + 4 <= raw.bytes.len();
+        // lane i's bits start at `at` plus the bits of the lanes before it (their mantissa bits
+        // and, for zero bins, unary depths) and its own unary depth, read lane by lane over
+        // the zero bins only, from the bits themselves
+        let through = inclusive(n);
+        let before = _mm512_sub_epi32(through, n);
+        let (mut depth, mut unary) = (zero, zero);
         let mut deep = false;
-        let fits =
-            cur.at < 1 << 30 && (cur.at + WIDTH * (l.m as usize + 1 + DEPTH_MAX as usize)) / 8 + 4 <= raw.bytes.len();
-        if special == 0 && fits && zero_bin != 0 {
-            let mut counts = [0i32; WIDTH];
-            _mm512_storeu_si512(counts.as_mut_ptr() as *mut _, n);
-            for lane in 0..WIDTH {
-                if zero_bin >> lane & 1 == 1 {
-                    let d = ((raw.peek_at(walked) as u32) | 1 << DEPTH_MAX).trailing_zeros();
-                    deep |= d >= DEPTH_MAX;
-                    depth[lane] = d as i32;
-                    walked += d as usize + 1;
-                }
-                start[lane] = walked as i32;
-                walked += counts[lane] as usize;
+        // The zero bins' depths, in lane order (each moves the next). 3% of scalars are zero
+        // bins (map, demo model): a group has none, one or two 98% of the time, which
+        // straight-line code covers without a branch on them; a branch taken by a third of
+        // the groups at random (whether there is one) cost more than the rest of B3, since a
+        // misprediction throws away the next group's gathers already under way.
+        let z = zero_bin.count_ones();
+        let mut moved = 0usize;
+        // (an escape or a bin above the binade, `special`, has no count: its group is
+        // finished lane by lane below, its starts never read)
+        if special == 0 && fits && z <= 2 {
+            let packed = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(zero_bin, before));
+            let (s0, s1) = (_mm_cvtsi128_si32(packed) as usize, _mm_extract_epi32::<1>(packed) as usize);
+            // SAFETY (both reads): with no special lane every count is in 0..=M, so a start is
+            // before `cur.at + 416` bits (an unused one is 0), and `cur.at / 8 + 64 <= raw.bytes.len()` (`fits`): 8 bytes from its byte are
+            // inside.
+            let at0 = cur.at + s0;
+            let d0 = (((raw_ptr.add(at0 >> 3) as *const u64).read_unaligned() >> (at0 & 7)) as u32 | 1 << DEPTH_MAX)
+                .trailing_zeros();
+            moved += if z >= 1 { d0 as usize + 1 } else { 0 };
+            let at1 = cur.at + moved + s1;
+            let d1 = (((raw_ptr.add(at1 >> 3) as *const u64).read_unaligned() >> (at1 & 7)) as u32 | 1 << DEPTH_MAX)
+                .trailing_zeros();
+            moved += if z >= 2 { d1 as usize + 1 } else { 0 };
+            deep = (z >= 1 && d0 >= DEPTH_MAX) || (z >= 2 && d1 >= DEPTH_MAX);
+            let depths = _mm512_castsi128_si512(_mm_set_epi32(0, 0, d1 as i32, d0 as i32));
+            depth = _mm512_maskz_expand_epi32(zero_bin, depths);
+            unary = _mm512_maskz_expand_epi32(zero_bin, _mm512_add_epi32(depths, one));
+        } else if fits && special == 0 {
+            let mut starts = [0i32; WIDTH];
+            _mm512_storeu_si512(starts.as_mut_ptr() as *mut _, _mm512_maskz_compress_epi32(zero_bin, before));
+            let mut all = [0i32; WIDTH];
+            for k in 0..z as usize {
+                let dk = ((raw.peek_at(cur.at + moved + starts[k] as usize) as u32) | 1 << DEPTH_MAX).trailing_zeros();
+                deep |= dk >= DEPTH_MAX;
+                all[k] = dk as i32;
+                moved += dk as usize + 1;
             }
+            let depths = _mm512_loadu_si512(all.as_ptr() as *const _);
+            depth = _mm512_maskz_expand_epi32(zero_bin, depths);
+            unary = _mm512_maskz_expand_epi32(zero_bin, _mm512_add_epi32(depths, one));
         }
         if special != 0 || deep || !fits {
             let mut arrays = [[0i32; WIDTH]; 3];
@@ -174,21 +326,22 @@ pub(super) unsafe fn groups<W: Word>(
             done += WIDTH;
             continue;
         }
-        let (at, depth) = if zero_bin == 0 {
-            let mut inclusive = n;
-            inclusive = _mm512_add_epi32(inclusive, _mm512_alignr_epi32::<15>(inclusive, zero));
-            inclusive = _mm512_add_epi32(inclusive, _mm512_alignr_epi32::<14>(inclusive, zero));
-            inclusive = _mm512_add_epi32(inclusive, _mm512_alignr_epi32::<12>(inclusive, zero));
-            inclusive = _mm512_add_epi32(inclusive, _mm512_alignr_epi32::<8>(inclusive, zero));
-            cur.at += _mm512_reduce_add_epi32(n) as usize;
-            (_mm512_add_epi32(set(cur.at as i32 - _mm512_reduce_add_epi32(n)), _mm512_sub_epi32(inclusive, n)), zero)
+        let first = cur.at;
+        let at = _mm512_add_epi32(set(first as i32), _mm512_add_epi32(before, inclusive(unary)));
+        // the group's mantissa bits: the last lane of their prefix sum
+        cur.at += _mm_extract_epi32::<3>(_mm512_extracti32x4_epi32::<3>(through)) as usize + moved;
+        let gathered = if VBMI {
+            // SAFETY: `first / 8 + 64 <= raw.bytes.len()` (`fits`); AVX-512 VBMI and BW
+            // checked (`vbmi`). Each lane's 4 bytes from its byte, out of the window's 64.
+            window_bytes(
+                raw_ptr.add(first >> 3),
+                _mm512_sub_epi32(_mm512_srli_epi32::<3>(at), set((first >> 3) as i32)),
+            )
         } else {
-            cur.at = walked;
-            (_mm512_loadu_si512(start.as_ptr() as *const _), _mm512_loadu_si512(depth.as_ptr() as *const _))
+            // SAFETY: every lane's bits end before `first + 416` and 4 bytes past its byte fit
+            // (`fits`).
+            _mm512_i32gather_epi32::<1>(_mm512_srli_epi32::<3>(at), raw_ptr as *const i32)
         };
-        // SAFETY: every lane's bits end before `cur.at + 16 (M + 1 + DEPTH_MAX)`, and 4 bytes
-        // past its byte fit (`fits`).
-        let gathered = _mm512_i32gather_epi32::<1>(_mm512_srli_epi32::<3>(at), raw_ptr);
         let low_bits = _mm512_and_si512(
             _mm512_srlv_epi32(gathered, _mm512_and_si512(at, set(7))),
             _mm512_sub_epi32(_mm512_sllv_epi32(one, n), one),
