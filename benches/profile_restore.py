@@ -6,6 +6,14 @@ against the model's own prefill of the same prompt.
     python benches/profile_restore.py                       # prefix, map, stats; bf16
     python benches/profile_restore.py --predictors stats --coder bins --json out.json
     python benches/profile_restore.py --perf                # and the core's symbols (perf)
+    python benches/profile_restore.py --capture DIR         # and the decode calls, to replay
+
+The core's decode speed per core: the restore's own decode calls, recorded once and replayed
+on one thread (best of ``--decode-rounds``), as scalars per second. ``--capture DIR`` writes
+those calls for ``cargo run --release --example decode_replay -- DIR/<predictor>`` (per call
+``i``: ``i.stream``, ``i.mu`` float32, ``i.codes`` int16 broadcast to every scalar, and for the
+joint model ``i.outside``, ``i.coef``, ``i.offset`` with ``C T E`` in ``index.txt``), which
+times the same calls without Python and, with ``--reencode``, as this build codes them.
 
 The phases are wall time on the restoring thread (functions wrapped for the run; nothing in
 the package changes). With ``--perf`` (Linux ``perf``, software clock) the core's own time is
@@ -101,6 +109,64 @@ def instrumented(phases: Phases) -> Iterator[None]:
             setattr(owner, attr, fn)
 
 
+@contextlib.contextmanager
+def recorded_decodes(calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Iterator[None]:
+    """The extension's ``decode`` calls made inside, appended to ``calls``."""
+    from speckv import _api
+
+    real = _api._speckv.decode
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    _api._speckv.decode = record
+    try:
+        yield
+    finally:
+        _api._speckv.decode = real
+
+
+def decode_per_core(calls: list[tuple[tuple[Any, ...], dict[str, Any]]], rounds: int) -> float:
+    """Scalars per second of ``calls`` replayed on one thread, the best of ``rounds``."""
+    from speckv import _speckv
+
+    scalars = sum(args[1].size for args, _ in calls)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for args, kwargs in calls:
+            _speckv.decode(*args, **{**kwargs, "threads": 1})
+        best = min(best, time.perf_counter() - t)
+    return scalars / best
+
+
+def write_calls(calls: list[tuple[tuple[Any, ...], dict[str, Any]]], folder: str) -> None:
+    """``calls`` as ``examples/decode_replay.rs`` reads them (module doc)."""
+    import numpy as np
+
+    os.makedirs(folder, exist_ok=True)
+    lines = []
+    for i, (args, kwargs) in enumerate(calls):
+        stream, mu, mu_shape, sigma, sigma_shape = args
+        if sigma.dtype != np.int16:
+            raise SystemExit("--capture: a decode call took float sigmas, not codes")
+        codes = np.broadcast_to(sigma.reshape(sigma_shape), mu_shape).astype(np.int16)
+        np.asarray(stream, np.uint8).tofile(f"{folder}/{i}.stream")
+        mu.astype(np.float32).tofile(f"{folder}/{i}.mu")
+        codes.tofile(f"{folder}/{i}.codes")
+        joint = kwargs.get("joint")
+        if joint:
+            channels, tokens, outside_channels, outside, coef, offset = joint
+            for name, a in (("outside", outside), ("coef", coef), ("offset", offset)):
+                np.asarray(a, np.float32).tofile(f"{folder}/{i}.{name}")
+            lines.append(f"{i} {channels} {tokens} {outside_channels}")
+        else:
+            lines.append(str(i))
+    with open(f"{folder}/index.txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def perf_symbols(script_args: list[str]) -> dict[str, float] | None:
     """The core's self time by symbol group over the restores (``perf record`` with a
     control fifo: only the timed restores are sampled); None without perf."""
@@ -169,7 +235,9 @@ def control(cmd: str) -> None:
         f.read(5)
 
 
-def profile(predictor: str, coder: str, mode: str, text: str, seq: int, repeat: int) -> dict[str, Any]:
+def profile(
+    predictor: str, coder: str, mode: str, text: str, seq: int, repeat: int, decode_rounds: int, capture: str | None
+) -> dict[str, Any]:
     import argparse as ap
 
     import torch
@@ -198,7 +266,12 @@ def profile(predictor: str, coder: str, mode: str, text: str, seq: int, repeat: 
     coder = codec.restore_model(mode) if coder == "auto" else coder  # auto: what compress picks
     data = codec.compress(cache, ids, mode, model=coder)
     scalars = sum(t.numel() for pair in extract_kv(cache) for t in pair)
-    codec.decompress(data, ids, dequantize=False)  # warm: maps built, tables made
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    with recorded_decodes(calls):
+        codec.decompress(data, ids, dequantize=False)  # warm: maps built, tables made
+    if capture:
+        write_calls(calls, os.path.join(capture, predictor))
+    per_core = decode_per_core(calls, decode_rounds)
     phases = Phases()
     runs = []
     prefills = []
@@ -242,6 +315,9 @@ def profile(predictor: str, coder: str, mode: str, text: str, seq: int, repeat: 
         "restore_over_prefill_range": [ratios[0], ratios[-1]],
         # the core's decode calls, wall time on every thread the coder runs
         "decode_msym_per_s": scalars / total.get("core decode (joint sums + coder)", float("nan")) / 1e6,
+        # the same calls replayed on one thread (best of the rounds): the speed per core
+        "decode_msym_per_core": per_core / 1e6,
+        "decode_calls": len(calls),
         "threads": os.cpu_count(),
         "phases_s": shares,
         "calls": calls,
@@ -265,11 +341,13 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--repeat", type=int, default=7, help="rounds of prefill then restore (default 7)")
     p.add_argument("--perf", action="store_true", help="split the core's time by symbol with Linux perf")
+    p.add_argument("--decode-rounds", type=int, default=10, help="replays of the decode calls on one thread")
+    p.add_argument("--capture", metavar="DIR", help="write the decode calls here (DIR/<predictor>), to replay")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
     out = {**machine.describe(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     for predictor in a.predictors.split(","):
-        r = profile(predictor, a.coder, a.mode, a.text, a.seq_len, a.repeat)
+        r = profile(predictor, a.coder, a.mode, a.text, a.seq_len, a.repeat, a.decode_rounds, a.capture)
         if a.perf and not os.environ.get("SPECKV_PROFILE_CTL"):
             argv = ["--predictors", predictor, "--coder", r["coder"], "--mode", a.mode, "--text", a.text]
             argv += ["--seq-len", str(a.seq_len), "--repeat", str(a.repeat)]
@@ -282,7 +360,9 @@ def main() -> None:
             f"{r['bits_per_scalar']:.3f} b/s, restore {r['restore_s'] * 1e3:.0f} ms = "
             f"{r['restore_over_prefill']:.2f}x the prefill (median of {a.repeat} rounds, range "
             f"{r['restore_over_prefill_range'][0]:.2f}-{r['restore_over_prefill_range'][1]:.2f}; "
-            f"prefill {r['prefill_s'] * 1e3:.0f} ms at best); core decode {r['decode_msym_per_s']:.0f} Msym/s"
+            f"prefill {r['prefill_s'] * 1e3:.0f} ms at best); core decode {r['decode_msym_per_s']:.0f} Msym/s "
+            f"in the restore, {r['decode_msym_per_core']:.0f} Msym/s per core (its {r['decode_calls']} calls on "
+            "one thread)"
         )
         for name, s in r["phases_s"].items():
             print(f"  {name:40s} {s * 1e3:8.1f} ms  {s / r['restore_s']:6.1%}  {s / r['prefill_s']:.3f}x prefill")
