@@ -255,6 +255,9 @@ def decode_layerwise(
 
     if run is None:
         run = start_run()
+    if hasattr(run, "threads"):
+        # the maps after the forward pass take the decoder's threads (the same bits on any)
+        run.threads = n_threads
     quiet = contextlib.ExitStack()
     try:
         start = 0

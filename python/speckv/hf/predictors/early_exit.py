@@ -44,7 +44,7 @@ import torch
 from ..models.architecture import layer_windows, text_config
 from ..models.cache import KV, cache_argument
 from .base import _decoder_layers
-from .linear_map import MAP_FEATURE_RANGE, apply_map, first_rows, integer_map
+from .linear_map import MAP_FEATURE_RANGE, MAP_THREADS, apply_map, first_rows, integer_map
 from .map_fit import fit_maps
 from .map_sources import HISTORY, Observed, _fallback_sources, _features, _hidden_source, _missing, _sources, _untokens
 from .prefix_pass import PrefixState, run_prefix
@@ -241,10 +241,14 @@ class ModelPrefixPredictor:
         ropes: Ropes,
         shape: tuple[int, ...],
         scratch: dict[int, torch.Tensor],
+        features: dict[tuple[int, int], torch.Tensor] | None = None,
+        threads: int = MAP_THREADS,
     ) -> torch.Tensor:
         """The map's prediction of (layer, which) from the observed tensors, at every position
         of ``shape`` (``[batch, heads, positions, dim]``; a layer holding fewer keeps the last
-        ones). K's turn leaves V's partial sum in ``scratch``. The products are the core's
+        ones). K's turn leaves V's partial sum in ``scratch``; ``features``: the walk's sources
+        made float32 and laid out by token (``_features``); ``threads``: the core's threads the
+        integer sums may take. The products are the core's
         integer sums (``integer_map``): the same bits on every machine, and ~2x torch's bf16
         products on one core; their rounding (16-bit features and weights) is far below the
         maps' own error."""
@@ -252,18 +256,26 @@ class ModelPrefixPredictor:
         with torch.no_grad():
             both, own = self._joint(layer)
             if which == 0 or layer not in scratch:
-                y = apply_map(both, _features(observed, self._sources(layer, 0), ropes, rows))
+                y = apply_map(both, _features(observed, self._sources(layer, 0), ropes, rows, features), threads)
                 scratch[layer] = y[:, width:]
                 if which == 0:
-                    k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width])
+                    k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width], features, threads)
                     return ropes.of(layer).rope(_untokens(k, shape))
             partial = scratch.pop(layer)
             # one correctly rounded addition per scalar: the same bits everywhere
-            y = partial + apply_map(own, _features(observed, [(layer, 0)], ropes, rows))
-            return _untokens(self._fallback_predict(layer, 1, observed, ropes, shape, y), shape)
+            y = partial + apply_map(own, _features(observed, [(layer, 0)], ropes, rows, features), threads)
+            return _untokens(self._fallback_predict(layer, 1, observed, ropes, shape, y, features, threads), shape)
 
     def _fallback_predict(
-        self, layer: int, which: int, observed: Observed, ropes: Ropes, shape: tuple[int, ...], y: torch.Tensor
+        self,
+        layer: int,
+        which: int,
+        observed: Observed,
+        ropes: Ropes,
+        shape: tuple[int, ...],
+        y: torch.Tensor,
+        features: dict[tuple[int, int], torch.Tensor] | None = None,
+        threads: int = MAP_THREADS,
     ) -> torch.Tensor:
         """``y`` (the map's prediction, ``[batch * positions, width]``) with the positions some
         source does not hold predicted by the fallback map instead (``_fallback_sources``)."""
@@ -285,8 +297,8 @@ class ModelPrefixPredictor:
         if isinstance(fallback, torch.Tensor):  # no source holds the tokens: the bias alone
             out[:, :m] = fallback
         else:
-            x = first_rows(_features(observed, sources, ropes, shape[2]), shape[0], m)
-            out[:, :m] = apply_map(fallback, x).reshape(shape[0], m, -1)
+            x = first_rows(_features(observed, sources, ropes, shape[2], features), shape[0], m)
+            out[:, :m] = apply_map(fallback, x, threads).reshape(shape[0], m, -1)
         return out.reshape(y.shape)
 
     # -- fitting ---------------------------------------------------------------------------

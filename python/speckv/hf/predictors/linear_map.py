@@ -13,8 +13,9 @@ import torch
 
 from ... import _speckv
 
-# The maps' products are small (a layer's tokens x ~1k features): on one thread, torch's
-# workers do not linger spinning on the cores the decoder needs next (see ``decode_walk.quiet_torch``).
+# The maps' integer sums on one of the core's threads unless told more: a restore's walk
+# gives them the decoder's threads once the model's forward pass is over (``decode_walk``;
+# on two cores a map restore 1.15-1.3x faster, AMD Zen 4), fitting and encoding keep one.
 MAP_THREADS = 1
 # The maps run as integer sums in the speckv core (``speckv._speckv.LinearMap``, invariant M1
 # of ``linear_map.rs``): the same prediction on every machine, SIMD width and thread count.
@@ -73,10 +74,11 @@ def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -
     )
 
 
-def apply_map(m: _speckv.LinearMap, x: torch.Tensor) -> torch.Tensor:
-    """An integer map on ``x`` (``[rows, features]``): ``[rows, outputs]`` float32."""
+def apply_map(m: _speckv.LinearMap, x: torch.Tensor, threads: int = MAP_THREADS) -> torch.Tensor:
+    """An integer map on ``x`` (``[rows, features]``): ``[rows, outputs]`` float32, summed on
+    ``threads`` of the core's threads (the same bits on any number, invariant M1)."""
     x = x.float().contiguous()
-    y = m.apply(x.reshape(-1).numpy(), int(x.shape[0]), MAP_THREADS)
+    y = m.apply(x.reshape(-1).numpy(), int(x.shape[0]), threads)
     return torch.from_numpy(y).reshape(x.shape[0], m.outputs)
 
 

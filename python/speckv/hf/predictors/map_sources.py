@@ -70,20 +70,37 @@ def _fallback_sources(
 Observed = dict[tuple[int, int], torch.Tensor]
 
 
-def _features(observed: Observed, sources: list[tuple[int, int]], ropes: Ropes, rows: int) -> torch.Tensor:
+def _features(
+    observed: Observed,
+    sources: list[tuple[int, int]],
+    ropes: Ropes,
+    rows: int,
+    cache: dict[tuple[int, int], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The map's inputs at the last ``rows`` positions, ``[batch * rows, features]``: each
     source's K (un-RoPEd) or V there, zero where the source does not hold the position (see
-    ``_missing``)."""
+    ``_missing``). With ``cache`` (a walk's, dropped with the observed tensors it was made
+    from) each source is made float32, un-RoPEd and laid out by token once, not once per map
+    that reads it (a layer's K feeds three maps): the same floats."""
     cols = []
     for src, w in sources:
-        t = observed[src, w].float()
-        t = ropes.of(src).unrope(t) if w == 0 else t
-        n = t.shape[2]
-        if n > rows:
-            t = t[:, :, n - rows :]
-        elif n < rows:
-            t = torch.nn.functional.pad(t, (0, 0, rows - n, 0))
-        cols.append(_tokens(t))
+        tokens = None if cache is None else cache.get((src, w))
+        if tokens is None:
+            t = observed[src, w].float()
+            tokens = _tokens(ropes.of(src).unrope(t) if w == 0 else t)
+            if cache is not None:
+                cache[src, w] = tokens
+        b = observed[src, w].shape[0]
+        n = tokens.shape[0] // b
+        if n != rows:
+            by_batch = tokens.reshape(b, n, -1)
+            if n > rows:
+                by_batch = by_batch[:, n - rows :]
+            else:
+                by_batch = torch.nn.functional.pad(by_batch, (0, 0, rows - n, 0))
+            cols.append(by_batch.reshape(b * rows, -1))
+        else:
+            cols.append(tokens)
     if not cols:
         b = next(iter(observed.values())).shape[0] if observed else 1
         return torch.zeros(b * rows, 0)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .linear_map import MAP_THREADS
 from .map_sources import HIDDEN, _hidden_source
 from .prefix_pass import PrefixState, _Stop
 from .rope import Ropes
@@ -32,6 +33,10 @@ class _PrefixRun:
         self.cond = threading.Condition()
         self.ropes: Ropes | None = None
         self.scratch: dict[int, torch.Tensor] = {}
+        # the observed tensors as the maps read them (float32, K un-RoPEd, by token), made once
+        self.features: dict[tuple[int, int], torch.Tensor] = {}
+        # the core's threads the maps' integer sums take (the walk hands over the decoder's)
+        self.threads = MAP_THREADS
         self.shape: tuple[int, ...] | None = None
         # layers predicted without looking at decoded ones: the codec may decode them in bulk
         self.independent_layers = predictor.layers
@@ -82,16 +87,20 @@ class _PrefixRun:
                 if self.hidden is None:
                     raise RuntimeError("the model's prefix produced no hidden state")
                 self.observed[HIDDEN] = self.hidden
-        return self.p.map_predict(layer, which, self.observed, self.ropes, self.shape, self.scratch)
+        return self.p.map_predict(
+            layer, which, self.observed, self.ropes, self.shape, self.scratch, self.features, self.threads
+        )
 
     def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
         # kept only while a map still reads it (the next layers' maps, fallback maps further
         # down): a walk holds a few layers, not the cache
         if self.last_reader.get((layer, which), -1) >= layer:
             self.observed[layer, which] = value
+            self.features.pop((layer, which), None)
         if which == 1:
             for old in [key for key in self.observed if self.last_reader[key] <= layer]:
                 del self.observed[old]
+                self.features.pop(old, None)
 
     def wait(self) -> None:
         """Returns once the forward pass has ended (and restored torch's thread count)."""
