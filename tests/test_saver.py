@@ -26,7 +26,14 @@ def test_saves_run_in_order_on_their_own_thread():
     assert [i for i, _ in done] == list(range(50)) and {n for _, n in done} == {"speckv-saver"}
     counters = saver.counters()
     assert counters.pop("busy_s") >= 0
-    assert counters == {"submitted": 50, "dropped": 0, "saved": 50, "tokens_saved": 800, "failed": 0}
+    assert counters == {
+        "submitted": 50,
+        "dropped": 0,
+        "saved": 50,
+        "tokens_saved": 800,
+        "failed": 0,
+        "backlog_bytes": 0,
+    }
     assert saver.close(10)
 
 
@@ -44,6 +51,25 @@ def test_a_full_queue_drops_and_never_blocks():
     assert saver.close(10)
     assert saver.counters()["saved"] == results.count(True)
     assert not saver.submit(99) and saver.counters()["dropped"] == results.count(False) + 1  # closed
+
+
+def test_the_backlog_is_bounded_in_bytes_and_one_save_is_always_taken():
+    gate = threading.Event()
+    saver = BackgroundSaver(lambda i: gate.wait(10) and 1, depth=100, max_bytes=1000)
+    # a save larger than the bound is taken alone; nothing more while it is held
+    assert saver.submit(0, nbytes=5000)
+    assert not saver.submit(1, nbytes=1)
+    assert saver.counters()["backlog_bytes"] == 5000
+    gate.set()
+    assert saver.drain(10) and saver.counters()["backlog_bytes"] == 0
+    gate.clear()
+    # then saves up to the bound, the next one past it dropped, never a wait
+    results = [saver.submit(i, nbytes=300) for i in range(5)]
+    assert results == [True, True, True, False, False]
+    assert saver.counters()["backlog_bytes"] == 900 and saver.counters()["dropped"] == 3
+    gate.set()
+    assert saver.close(10)
+    assert saver.counters()["saved"] == 4 and saver.counters()["backlog_bytes"] == 0
 
 
 def test_a_failing_save_is_counted_and_logged_once(caplog):
@@ -72,6 +98,11 @@ def test_close_reports_saves_it_could_not_finish():
     assert saver.pending() >= 1
     gate.set()
     assert saver.drain(10)
+
+
+def test_max_bytes_must_be_positive():
+    with pytest.raises(ValueError, match="max_bytes"):
+        BackgroundSaver(lambda: 0, max_bytes=0)
 
 
 def test_depth_must_be_positive():

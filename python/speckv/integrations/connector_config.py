@@ -74,12 +74,22 @@ class ConnectorConfig(Settings):
         side="worker",
     )
     save_queue: int = setting(
-        8,
+        64,
         "int",
-        """saves waiting for the background saver (each holds a copy of its blocks); a full
-        queue drops the save (counted), never stalls the step. `0`: store inside the step""",
+        """saves waiting for the background saver (each holds a copy of its blocks); past it
+        or `save_backlog` the save is dropped (counted), never the step stalled. `0`: store
+        inside the step""",
         low=0,
         high=4096,
+        side="worker",
+    )
+    save_backlog: int = setting(
+        1 << 30,
+        "size",
+        """the most bytes of block copies the saves waiting for the saver may hold (one save is
+        always taken): host memory the saver may borrow while its codec falls behind""",
+        unit="bytes",
+        low=1,
         side="worker",
     )
     save_threads: int = setting(

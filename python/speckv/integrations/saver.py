@@ -2,9 +2,12 @@
 the engine's step.
 
 The engine hands over copies of the blocks to store (``submit``) and goes on at once; one
-thread codes and stores them in order. The queue between the two is bounded (``depth``
-saves, each holding its blocks' copies): when it is full, ``submit`` drops the save and counts
-it, so a slow store or codec costs later misses, never a stalled step. ``drain`` waits for
+thread codes and stores them in order. The backlog between the two is bounded twice: at most
+``depth`` saves, and at most ``max_bytes`` of their blocks' copies (a save alone is always
+taken): past either, ``submit`` drops the save and counts it, so a slow store or codec costs
+later misses, never a stalled step nor unbounded host memory. A codec slower than the engine's
+saves for a while (statistics' encode on two cores) keeps up through a backlog of the bytes a
+host can spare, where a short queue of saves dropped them. ``drain`` waits for
 what is queued (an engine shutting down), ``close`` then stops the thread.
 
 The thread runs at a low priority (``nice``, default 19; Linux keeps a nice value per
@@ -35,10 +38,21 @@ class BackgroundSaver:
     it raises is counted (``failed``) and logged once, never raised to the submitter."""
 
     def __init__(
-        self, save: Callable[..., int], *, depth: int = 8, name: str = "speckv-saver", nice: int | None = 19
+        self,
+        save: Callable[..., int],
+        *,
+        depth: int = 8,
+        max_bytes: int | None = None,
+        name: str = "speckv-saver",
+        nice: int | None = 19,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth: must be at least 1, got {depth}")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes: must be at least 1 (or None), got {max_bytes}")
+        self._max_bytes = max_bytes
+        # bytes of the saves queued or running
+        self._held = 0
         self._save = save
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._lock = threading.Lock()
@@ -49,16 +63,20 @@ class BackgroundSaver:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, *args: Any) -> bool:
-        """Queues one save; False (counted as ``dropped``) if the queue is full or closed."""
+    def submit(self, *args: Any, nbytes: int = 0) -> bool:
+        """Queues one save holding ``nbytes`` of copies; False (counted as ``dropped``) if the
+        backlog is full (``depth`` saves, or ``max_bytes`` with this one unless it would be
+        alone) or the saver is closed."""
         with self._lock:
             self._counters["submitted"] += 1
-        if self._thread.is_alive():
-            try:
-                self._queue.put_nowait(args)
-                return True
-            except queue.Full:
-                pass
+            over = self._max_bytes is not None and self._held > 0 and self._held + nbytes > self._max_bytes
+            if not over and self._thread.is_alive():
+                try:
+                    self._queue.put_nowait((args, nbytes))
+                    self._held += nbytes
+                    return True
+                except queue.Full:
+                    pass
         with self._lock:
             self._counters["dropped"] += 1
         return False
@@ -72,10 +90,12 @@ class BackgroundSaver:
         while True:
             item = self._queue.get()
             start = time.perf_counter()
+            nbytes = 0
             try:
                 if item is _STOP:
                     return
-                tokens = self._save(*item)
+                args, nbytes = item
+                tokens = self._save(*args)
                 with self._lock:
                     self._counters["saved"] += 1
                     self._counters["tokens_saved"] += int(tokens)
@@ -88,6 +108,7 @@ class BackgroundSaver:
             finally:
                 with self._lock:
                     self._busy_s += time.perf_counter() - start
+                    self._held -= nbytes
                 self._queue.task_done()
 
     def pending(self) -> int:
@@ -118,10 +139,10 @@ class BackgroundSaver:
         return drained
 
     def counters(self) -> dict[str, Any]:
-        """``submitted``, ``dropped`` (queue full), ``saved``, ``tokens_saved``, ``failed``, and
-        ``busy_s`` (seconds spent saving)."""
+        """``submitted``, ``dropped`` (backlog full), ``saved``, ``tokens_saved``, ``failed``,
+        ``busy_s`` (seconds spent saving) and ``backlog_bytes`` (the copies queued or running)."""
         with self._lock:
-            return {**self._counters, "busy_s": round(self._busy_s, 4)}
+            return {**self._counters, "busy_s": round(self._busy_s, 4), "backlog_bytes": self._held}
 
 
 __all__ = ["BackgroundSaver"]

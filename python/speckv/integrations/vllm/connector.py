@@ -74,7 +74,9 @@ class SpeckvConnector(_SchedulerSide, _WorkerSide):
         if worker and config.save_queue:
             saving = store(self.store.backend, threads=config.save_threads)
             self._saving_store: EngineStore | None = saving
-            self._saver = BackgroundSaver(self._save_now, depth=config.save_queue, nice=config.save_nice)
+            self._saver = BackgroundSaver(
+                self._save_now, depth=config.save_queue, max_bytes=config.save_backlog, nice=config.save_nice
+            )
         else:
             self._saving_store = None
         self._stats_file = config.stats_file

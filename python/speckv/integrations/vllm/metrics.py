@@ -27,7 +27,7 @@ COUNTERS = {
     "tier_store_errors": "Store operations that failed (computed instead).",
     "tier_tokens_put": "Prompt tokens coded and stored in the tier.",
     "tier_declined": "Blocks the tier's budget had no room for.",
-    "saver_dropped": "Saves dropped because the background saver's queue was full.",
+    "saver_dropped": "Saves dropped because the background saver's backlog was full.",
     "saver_saved": "Requests the background saver stored.",
     "saver_failed": "Saves that failed.",
 }

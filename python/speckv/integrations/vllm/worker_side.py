@@ -240,7 +240,7 @@ class _WorkerSide(_ConnectorState):
                 continue  # a layer could not be read: nothing stored, a later miss
             blocks = [layers[i] for i in sorted(layers)]
             if self._saver is not None:
-                self._saver.submit(save.token_ids, blocks)
+                self._saver.submit(save.token_ids, blocks, nbytes=sum(b.numel() * b.element_size() for b in blocks))
             else:
                 self._save_now(save.token_ids, blocks, self.store)
 
