@@ -266,40 +266,37 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
             && (cur.at >> 3) + 64 <= raw.bytes.len()
             && (cur.at + WIDTH * (l.m as usize + 1 + DEPTH_MAX as usize)) / 8 + 4 <= raw.bytes.len();
         // lane i's bits start at `at` plus the bits of the lanes before it (their mantissa bits
-        // and, for zero bins, unary depths) and its own unary depth, read lane by lane over
-        // the zero bins only, from the bits themselves
+        // and, for zero bins, unary depths) and its own unary depth. The zero bins' depths are
+        // read in lane order (each moves the next), from the bits themselves. 3% of scalars are
+        // zero bins (map, demo model): a group has none, one or two 98% of the time, which
+        // straight-line code covers without a branch on them; a branch taken by a third of the
+        // groups at random (whether there is one) cost more than the rest of B3, since a
+        // misprediction throws away the next group's gathers already under way. (An escape or
+        // a bin above the binade, `special`, has no count: its group is finished lane by lane
+        // below, its starts never read.)
         let through = inclusive(n);
         let before = _mm512_sub_epi32(through, n);
-        let (mut depth, mut unary) = (zero, zero);
-        let mut deep = false;
-        // The zero bins' depths, in lane order (each moves the next). 3% of scalars are zero
-        // bins (map, demo model): a group has none, one or two 98% of the time, which
-        // straight-line code covers without a branch on them; a branch taken by a third of
-        // the groups at random (whether there is one) cost more than the rest of B3, since a
-        // misprediction throws away the next group's gathers already under way.
         let z = zero_bin.count_ones();
         let mut moved = 0usize;
-        // (an escape or a bin above the binade, `special`, has no count: its group is
-        // finished lane by lane below, its starts never read)
-        if special == 0 && fits && z <= 2 {
+        let mut deep = false;
+        // the zero bins' depths packed into the low lanes, in lane order
+        let depths = if special == 0 && fits && z <= 2 {
             let packed = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(zero_bin, before));
             let (s0, s1) = (_mm_cvtsi128_si32(packed) as usize, _mm_extract_epi32::<1>(packed) as usize);
-            // SAFETY (both reads): with no special lane every count is in 0..=M, so a start is
-            // before `cur.at + 416` bits (an unused one is 0), and `cur.at / 8 + 64 <= raw.bytes.len()` (`fits`): 8 bytes from its byte are
-            // inside.
-            let at0 = cur.at + s0;
-            let d0 = (((raw_ptr.add(at0 >> 3) as *const u64).read_unaligned() >> (at0 & 7)) as u32 | 1 << DEPTH_MAX)
-                .trailing_zeros();
+            // SAFETY: with no special lane every count is in 0..=M, so a start is before
+            // `cur.at + 416` bits (an unused one is 0), and `cur.at / 8 + 64 <= raw.bytes.len()`
+            // (`fits`): the 8 bytes from its byte are inside.
+            let depth_at = |at: usize| {
+                (((raw_ptr.add(at >> 3) as *const u64).read_unaligned() >> (at & 7)) as u32 | 1 << DEPTH_MAX)
+                    .trailing_zeros()
+            };
+            let d0 = depth_at(cur.at + s0);
             moved += if z >= 1 { d0 as usize + 1 } else { 0 };
-            let at1 = cur.at + moved + s1;
-            let d1 = (((raw_ptr.add(at1 >> 3) as *const u64).read_unaligned() >> (at1 & 7)) as u32 | 1 << DEPTH_MAX)
-                .trailing_zeros();
+            let d1 = depth_at(cur.at + moved + s1);
             moved += if z >= 2 { d1 as usize + 1 } else { 0 };
             deep = (z >= 1 && d0 >= DEPTH_MAX) || (z >= 2 && d1 >= DEPTH_MAX);
-            let depths = _mm512_castsi128_si512(_mm_set_epi32(0, 0, d1 as i32, d0 as i32));
-            depth = _mm512_maskz_expand_epi32(zero_bin, depths);
-            unary = _mm512_maskz_expand_epi32(zero_bin, _mm512_add_epi32(depths, one));
-        } else if fits && special == 0 {
+            _mm512_castsi128_si512(_mm_set_epi32(0, 0, d1 as i32, d0 as i32))
+        } else if special == 0 && fits {
             let mut starts = [0i32; WIDTH];
             _mm512_storeu_si512(starts.as_mut_ptr() as *mut _, _mm512_maskz_compress_epi32(zero_bin, before));
             let mut all = [0i32; WIDTH];
@@ -309,10 +306,12 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
                 all[k] = dk as i32;
                 moved += dk as usize + 1;
             }
-            let depths = _mm512_loadu_si512(all.as_ptr() as *const _);
-            depth = _mm512_maskz_expand_epi32(zero_bin, depths);
-            unary = _mm512_maskz_expand_epi32(zero_bin, _mm512_add_epi32(depths, one));
-        }
+            _mm512_loadu_si512(all.as_ptr() as *const _)
+        } else {
+            zero
+        };
+        let depth = _mm512_maskz_expand_epi32(zero_bin, depths);
+        let unary = _mm512_maskz_expand_epi32(zero_bin, _mm512_add_epi32(depths, one));
         if special != 0 || deep || !fits {
             let mut arrays = [[0i32; WIDTH]; 3];
             for (a, v) in arrays.iter_mut().zip([base, fw, symbol]) {
