@@ -103,7 +103,8 @@ def _tier_run(engine, tmp_path, workload, store, **extra):
     run = engine.run(
         "speckv-free", store, workload=workload, extra={"stats_file": str(stats), "predictor": "none", **extra}
     )
-
+    # the worker writes its counters as it shuts down: a run without them failed there
+    assert stats.exists(), f"no worker counters at {stats}; the run's log ends:\n{run['log'][-4000:]}"
     return run, json.loads(stats.read_text())
 
 

@@ -58,6 +58,7 @@ class BackgroundSaver:
         self._lock = threading.Lock()
         self._counters = {"submitted": 0, "dropped": 0, "saved": 0, "tokens_saved": 0, "failed": 0}
         self._busy_s = 0.0
+        self._unsaved = 0  # saves queued or running
         self._logged = False
         self._nice = nice
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -74,6 +75,7 @@ class BackgroundSaver:
                 try:
                     self._queue.put_nowait((args, nbytes))
                     self._held += nbytes
+                    self._unsaved += 1
                     return True
                 except queue.Full:
                     pass
@@ -109,11 +111,13 @@ class BackgroundSaver:
                 with self._lock:
                     self._busy_s += time.perf_counter() - start
                     self._held -= nbytes
+                    self._unsaved -= item is not _STOP
                 self._queue.task_done()
 
     def pending(self) -> int:
-        """Saves queued or running."""
-        return self._queue.unfinished_tasks
+        """Saves queued or running (not the stop ``close`` queues)."""
+        with self._lock:
+            return self._unsaved
 
     def drain(self, timeout_s: float | None = None) -> bool:
         """Waits until every queued save is done (at most ``timeout_s``); whether they are."""
