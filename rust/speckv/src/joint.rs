@@ -177,6 +177,7 @@ impl Joint<'_> {
     /// J1's `mu'` of channel `i` of `layer` from `acc`, its sum over the terms before own
     /// channel `i0` (`block`): the terms of own channels `i0..i`, then `mu + acc`.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub fn finish(&self, layer: usize, i: usize, i0: usize, mu: &[f32], own: &[f32], acc: &[f32], out: &mut [f32]) {
         let (t, e) = (self.tokens, self.outside_channels);
         let row = &self.coef[(layer * self.channels + i) * self.width()..][e + i0..e + i];
@@ -381,21 +382,24 @@ pub fn kernel() -> &'static str {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn wide_kernels() -> bool {
+pub(crate) fn wide_kernels() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
     *WIDE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avx512f"))
 }
 
-/// `out[k] = value(x[k])` in float32 (NaN for non-finite patterns): for a run whose
-/// residuals are taken against two means (`residuals_of`), one table pass instead of two.
+/// `out[k] = value(x[k])` in float32 (NaN or an infinity for non-finite patterns, which
+/// `residual` takes alike): for a run whose residuals are taken against two means
+/// (`residuals_of`), one conversion pass instead of two.
+#[inline(always)]
 pub(crate) fn values_into<W: Word>(dtype: DType, x: &[W], out: &mut [f32]) {
-    let table = values(dtype);
+    let how = Patterns::of(dtype);
     for (o, &w) in out.iter_mut().zip(x) {
-        *o = value(table, w);
+        *o = how.value(w);
     }
 }
 
 /// `residuals` from `values_into`'s values: the same floats.
+#[inline(always)]
 pub(crate) fn residuals_of(values: &[f32], mu: &[f32], out: &mut [f32]) {
     for ((slot, &v), &m) in out.iter_mut().zip(values).zip(mu) {
         *slot = residual(v, m);
@@ -403,19 +407,43 @@ pub(crate) fn residuals_of(values: &[f32], mu: &[f32], out: &mut [f32]) {
 }
 
 /// `out[k] = value(x[k]) - mu[k]` in float32, 0 where that is not finite (invariant J1's `e`).
+#[inline(always)]
 pub fn residuals<W: Word>(dtype: DType, x: &[W], mu: &[f32], out: &mut [f32]) {
-    let table = values(dtype);
+    let how = Patterns::of(dtype);
     for ((slot, &w), &m) in out.iter_mut().zip(x).zip(mu) {
-        *slot = residual(value(table, w), m);
+        *slot = residual(how.value(w), m);
     }
 }
 
-/// A pattern's value from its format's table (`values`; float32 patterns are their own).
-#[inline(always)]
-fn value<W: Word>(table: Option<&[f32]>, w: W) -> f32 {
-    match table {
-        Some(t) => t[w.to_u32() as usize],
-        None => f32::from_bits(w.to_u32()),
+/// How a pattern becomes the float32 J1 takes its residual of.
+#[derive(Clone, Copy)]
+enum Patterns {
+    /// Float32 patterns are their own value.
+    Own,
+    /// A bfloat16 pattern is the top half of its float32 (exact; a non-finite pattern becomes
+    /// an infinity or a NaN, which `residual` maps to 0 as it does the table's NaN). A shift
+    /// instead of a 256 KiB table: the table's loads missed the cache on every run.
+    Shift16,
+    /// Other narrow formats by their table (`values`).
+    Table(&'static [f32]),
+}
+
+impl Patterns {
+    fn of(dtype: DType) -> Patterns {
+        match (dtype, values(dtype)) {
+            (DType::BFloat16, _) => Patterns::Shift16,
+            (_, Some(table)) => Patterns::Table(table),
+            (_, None) => Patterns::Own,
+        }
+    }
+
+    #[inline(always)]
+    fn value<W: Word>(self, w: W) -> f32 {
+        match self {
+            Patterns::Own => f32::from_bits(w.to_u32()),
+            Patterns::Shift16 => f32::from_bits(w.to_u32() << 16),
+            Patterns::Table(t) => t[w.to_u32() as usize],
+        }
     }
 }
 

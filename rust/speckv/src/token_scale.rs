@@ -87,6 +87,7 @@ impl TokenEnergy {
 
     /// Channel `i`'s sigma codes per token (J3): `codes` the calibrated ones, `out` the
     /// scaled ones.
+    #[inline(always)]
     pub(crate) fn codes(&self, i: usize, codes: &[i16], out: &mut [i16]) {
         let prior = self.scale.prior as f32;
         let inverse = 1.0f32 / (prior + i as f32);
@@ -102,6 +103,7 @@ impl TokenEnergy {
     /// Adds channel `i`'s coded values to the energy (J3): `values` are theirs
     /// (`joint::values_into`), `corrected` the mean they were coded against, `codes` their
     /// calibrated sigma codes.
+    #[inline(always)]
     pub(crate) fn add(&mut self, values: &[f32], corrected: &[f32], codes: &[i16]) {
         crate::joint::residuals_of(values, corrected, &mut self.residual);
         let (table, clamp) = (SigmaTable::shared(), self.scale.clamp as f32);
