@@ -1,0 +1,183 @@
+//! A jointly coded chunk's pass, channel by channel, shared by the encoder and the decoder
+//! (`crate::joint`, invariants J1-J3), and the chunk's fingerprint with the joint parameters.
+
+use crate::chunk::StreamModel;
+use crate::hash::Hasher;
+use crate::joint::{residuals, residuals_of, values_into, Joint, BLOCK};
+use crate::token_scale::TokenEnergy;
+use crate::words::Word;
+
+/// Fingerprint of a jointly coded chunk: the plain one (mu and sigma codes) and the digest of
+/// each of its layers' joint parameters.
+pub(super) fn joint_fingerprint(plain: u64, joint: &Joint, range: &std::ops::Range<usize>) -> u64 {
+    let mut h = Hasher::new();
+    h.update(&plain.to_le_bytes());
+    for layer in range.start / joint.layer_scalars()..range.end.div_ceil(joint.layer_scalars()) {
+        h.update(&joint.digest(layer).to_le_bytes());
+    }
+    h.finish()
+}
+
+/// Codes (or, with `decode`, decodes) a chunk of whole layers channel by channel, each
+/// channel's run of tokens against its conditional mu (`crate::joint`, invariant J1) and, with
+/// a token scale, sigma codes scaled per token (`crate::token_scale`, invariant J3); `x` and
+/// `codes` are the chunk's, `mu` the whole tensor's. One pass serves both directions, so
+/// encoder and decoder cannot disagree on the order.
+///
+/// Where the CPU has AVX-512, the per-run loops (the conditional mu's last terms, the values
+/// and residuals, the token scale's codes and energy) are compiled for it: ~12% of a joint
+/// stream's decode. The floats are the same: IEEE operations give one result whatever the
+/// instruction, and Rust never fuses a multiply and an add unless asked (J1).
+pub(super) fn joint_runs<W: Word>(
+    model: &StreamModel,
+    joint: &Joint,
+    x: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+    start: usize,
+    code_run: impl FnMut(&mut [W], &[f32], &[i16]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::joint::wide_kernels() {
+        // SAFETY: `wide_kernels()` checked at run time that this CPU has AVX2 and AVX-512F,
+        // the features `joint_runs_wide` is compiled for.
+        unsafe { joint_runs_wide(model, joint, x, mu, codes, start, code_run) };
+        return;
+    }
+    joint_runs_body(model, joint, x, mu, codes, start, code_run)
+}
+
+/// `joint_runs_body` compiled for AVX2 and AVX-512F.
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-512F (`crate::joint::wide_kernels`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn joint_runs_wide<W: Word>(
+    model: &StreamModel,
+    joint: &Joint,
+    x: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+    start: usize,
+    code_run: impl FnMut(&mut [W], &[f32], &[i16]),
+) {
+    joint_runs_body(model, joint, x, mu, codes, start, code_run)
+}
+
+/// `joint_runs`' one implementation, inlined into each variant.
+#[inline(always)]
+fn joint_runs_body<W: Word>(
+    model: &StreamModel,
+    joint: &Joint,
+    x: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+    start: usize,
+    mut code_run: impl FnMut(&mut [W], &[f32], &[i16]),
+) {
+    let (t, per_layer, dtype) = (joint.tokens, joint.layer_scalars(), model.dtype);
+    let mut own = vec![0f32; per_layer];
+    let mut corrected = vec![0f32; t];
+    // channels in whole blocks take their first terms together (`Joint::block`)
+    let blocked = joint.channels / BLOCK * BLOCK;
+    let mut block = vec![0f32; BLOCK * t];
+    // with a token scale: the scaled codes and the run's values (taken against two means)
+    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t], vec![0f32; t]));
+    for local in (0..x.len()).step_by(per_layer) {
+        let layer = (start + local) / per_layer;
+        if joint.is_plain(layer) {
+            // invariant J2: the layer against mu as it is, one run
+            let run = local..local + per_layer;
+            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
+            continue;
+        }
+        if let Some((e, _, _)) = &mut energy {
+            e.reset();
+        }
+        for i in 0..joint.channels {
+            let run = local + i * t..local + (i + 1) * t;
+            let base = &mu[start + run.start..start + run.end];
+            if i < blocked {
+                let i0 = i / BLOCK * BLOCK;
+                if i == i0 {
+                    joint.block(layer, i0, &own, &mut block);
+                }
+                joint.finish(layer, i, i0, base, &own, &block[(i - i0) * t..(i - i0 + 1) * t], &mut corrected);
+            } else {
+                joint.conditional(layer, i, base, &own, &mut corrected);
+            }
+            let calibrated = &codes[run.clone()];
+            let own_run = &mut own[i * t..(i + 1) * t];
+            match &mut energy {
+                Some((e, scaled, values)) => {
+                    e.codes(i, calibrated, scaled);
+                    code_run(&mut x[run.clone()], &corrected, scaled);
+                    values_into(dtype, &x[run], values);
+                    e.add(values, &corrected, calibrated);
+                    residuals_of(values, base, own_run);
+                }
+                None => {
+                    code_run(&mut x[run.clone()], &corrected, calibrated);
+                    residuals(dtype, &x[run], base, own_run);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::ModelKind;
+    use crate::dtype::DType;
+    use crate::model::ModelParams;
+    use crate::token_scale::TokenScale;
+
+    /// The runs a pass over a chunk hands its coder: each run's conditional mu and sigma
+    /// codes, as bits.
+    fn runs_of(wide: bool, model: &StreamModel, joint: &Joint, x: &mut [u16], mu: &[f32], codes: &[i16]) -> Vec<u32> {
+        let mut seen = Vec::new();
+        let record = |_: &mut [u16], corrected: &[f32], run_codes: &[i16]| {
+            seen.extend(corrected.iter().map(|v| v.to_bits()));
+            seen.extend(run_codes.iter().map(|&c| c as u16 as u32));
+        };
+        if wide {
+            joint_runs(model, joint, x, mu, codes, 0, record);
+        } else {
+            joint_runs_body(model, joint, x, mu, codes, 0, record);
+        }
+        seen
+    }
+
+    #[test]
+    fn joint_runs_compiled_for_avx512_hand_the_coder_the_portable_runs() {
+        #[cfg(target_arch = "x86_64")]
+        if !crate::test_env::have("avx512", crate::joint::wide_kernels(), "no AVX-512 here, only the portable runs") {
+            return;
+        }
+        let mut seed = 11u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 40) as u32
+        };
+        let (c, t, layers) = (9usize, 37usize, 2usize);
+        let n = layers * c * t;
+        // bfloat16 patterns of every kind, infinities and NaNs among them
+        let mut x: Vec<u16> = (0..n).map(|_| next() as u16).collect();
+        let mu: Vec<f32> = (0..n).map(|_| f32::from_bits(((next() as u16) as u32) << 16) * 0.5).collect();
+        let codes: Vec<i16> = (0..n).map(|k| if k % 3 == 0 { 120 } else { 100 + (next() % 200) as i16 }).collect();
+        let small = |v: u32| (v % 2000) as f32 * 1e-3 - 1.0;
+        let coef: Vec<f32> = (0..layers * c * c).map(|k| if k % 4 == 0 { 0.0 } else { small(next()) }).collect();
+        let offset: Vec<f32> = (0..layers * c).map(|_| small(next())).collect();
+        let joint = Joint { channels: c, tokens: t, outside_channels: 0, outside: &[], coef: &coef, offset: &offset };
+        for scale in [None, Some(TokenScale::default())] {
+            let mut model = StreamModel::new(DType::BFloat16, ModelParams::default(), ModelKind::Bins, 1, 1);
+            model.token_scale = scale;
+            let wide = runs_of(true, &model, &joint, &mut x.clone(), &mu, &codes);
+            let portable = runs_of(false, &model, &joint, &mut x, &mu, &codes);
+            assert_eq!(wide.len(), 2 * n);
+            assert!(wide == portable, "token scale {scale:?}");
+        }
+    }
+}
