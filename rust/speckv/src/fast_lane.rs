@@ -149,7 +149,7 @@ mod tests {
     fn lcg(seed: u64) -> impl FnMut() -> u64 {
         let mut s = seed;
         move || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = crate::test_env::lcg_step(s);
             s >> 33
         }
     }

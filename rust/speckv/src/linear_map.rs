@@ -433,7 +433,7 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> u64 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = crate::test_env::lcg_step(*seed);
         *seed >> 33
     }
 

@@ -220,7 +220,7 @@ mod tests {
         let mut state = 7u64;
         let values: Vec<f64> = (0..10_000)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = crate::test_env::lcg_step(state);
                 let m = (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
                 m * 2f64.powi((state % 80) as i32 - 40)
             })

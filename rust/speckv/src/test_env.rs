@@ -14,3 +14,9 @@ pub(crate) fn have(name: &str, present: bool, why: &str) -> bool {
     eprintln!("skipped: {why}");
     false
 }
+
+/// The unit tests' random numbers: one step of Knuth's MMIX linear congruential generator
+/// (take the state's high bits: its low bits cycle short).
+pub(crate) fn lcg_step(state: u64) -> u64 {
+    state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407)
+}

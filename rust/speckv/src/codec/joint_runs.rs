@@ -158,7 +158,7 @@ mod tests {
         }
         let mut seed = 11u64;
         let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = crate::test_env::lcg_step(seed);
             (seed >> 40) as u32
         };
         let (c, t, layers) = (9usize, 37usize, 2usize);

@@ -208,7 +208,7 @@ mod tests {
         let (heads, tokens, dim) = (3usize, 5usize, 4usize);
         let mut seed = 3u64;
         let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = crate::test_env::lcg_step(seed);
             let unit = (seed >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
             (unit * 20.0 - 10.0) * 0.01f32.powi((seed & 3) as i32)
         };

@@ -1,0 +1,81 @@
+//! The calibrated integer linear maps (`speckv::linear_map`) and the kernel computing them.
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::*;
+
+/// A calibrated integer linear map (`speckv::linear_map`): the layer-wise predictor's maps,
+/// the same bits on every machine, SIMD width and thread count.
+#[pyclass(name = "LinearMap", module = "speckv._speckv", frozen)]
+pub(crate) struct PyLinearMap {
+    inner: speckv::linear_map::LinearMap,
+}
+
+#[pymethods]
+impl PyLinearMap {
+    /// `weights`: `features x outputs` row-major (i16, never -32768); `shift` per feature and
+    /// `scale_shift` per output: powers of two (see the core's invariant M1).
+    #[new]
+    fn new(
+        py: Python<'_>,
+        features: usize,
+        outputs: usize,
+        shift: PyReadonlyArray1<'_, i32>,
+        weights: PyReadonlyArray1<'_, i16>,
+        bias: PyReadonlyArray1<'_, f32>,
+        scale_shift: PyReadonlyArray1<'_, i32>,
+    ) -> PyResult<Self> {
+        let contiguous = || PyValueError::new_err("linear map: arrays must be contiguous");
+        let (s, w, b, o) = (
+            shift.as_slice().map_err(|_| contiguous())?,
+            weights.as_slice().map_err(|_| contiguous())?,
+            bias.as_slice().map_err(|_| contiguous())?,
+            scale_shift.as_slice().map_err(|_| contiguous())?,
+        );
+        let inner =
+            py.allow_threads(|| speckv::linear_map::LinearMap::new(features, outputs, s, w, b, o)).map_err(to_py)?;
+        Ok(PyLinearMap { inner })
+    }
+
+    #[getter]
+    fn features(&self) -> usize {
+        self.inner.features()
+    }
+
+    #[getter]
+    fn outputs(&self) -> usize {
+        self.inner.outputs()
+    }
+
+    /// `y` (`rows x outputs`, flat float32) for `x` (`rows x features`, flat float32).
+    #[pyo3(signature = (x, rows, threads=1))]
+    fn apply<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray1<'py, f32>,
+        rows: usize,
+        threads: usize,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let x = x.as_slice().map_err(|_| PyValueError::new_err("linear map: x must be contiguous"))?;
+        // the output is sized from `rows` only once `x` has shown that many rows
+        if x.len() != rows.saturating_mul(self.inner.features()) {
+            return Err(SpeckvError::new_err(format!(
+                "linear map: {} inputs given for {rows} rows of {} features",
+                x.len(),
+                self.inner.features()
+            )));
+        }
+        let mut y = vec![0f32; rows * self.inner.outputs()];
+        py.allow_threads(|| self.inner.apply(x, rows, &mut y, threads)).map_err(to_py)?;
+        Ok(PyArray1::from_vec(py, y))
+    }
+}
+
+/// Which kernel computes the linear maps here: "avx512-vnni", "avx512", "avx2" or "portable"
+/// (the same sums either way).
+#[pyfunction]
+pub(crate) fn map_kernel() -> &'static str {
+    speckv::linear_map::kernel_name()
+}
