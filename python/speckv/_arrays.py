@@ -47,10 +47,6 @@ def numpy_dtype(name: str) -> np.dtype:
     return _NUMPY[name][0]
 
 
-def word_dtype(name: str) -> np.dtype:
-    return _NUMPY[name][1]
-
-
 def to_numpy(arr: Any) -> np.ndarray:
     """A numpy view (or, for torch tensors on another device, a copy) with identical bits."""
     if is_torch(arr):
