@@ -131,7 +131,7 @@ def decode_per_core(calls: list[tuple[tuple[Any, ...], dict[str, Any]]], rounds:
     """Scalars per second of ``calls`` replayed on one thread, the best of ``rounds``."""
     from speckv import _speckv
 
-    scalars = sum(args[1].size for args, _ in calls)
+    scalars = sum(args[1][0].size for args, _ in calls)  # (stream, (mu, ...))
     best = float("inf")
     for _ in range(rounds):
         t = time.perf_counter()
@@ -147,15 +147,14 @@ def write_calls(calls: list[tuple[tuple[Any, ...], dict[str, Any]]], folder: str
 
     os.makedirs(folder, exist_ok=True)
     lines = []
-    for i, (args, kwargs) in enumerate(calls):
-        stream, mu, mu_shape, sigma, sigma_shape = args
+    for i, (args, _) in enumerate(calls):
+        stream, (mu, mu_shape, sigma, sigma_shape, joint) = args
         if sigma.dtype != np.int16:
             raise SystemExit("--capture: a decode call took float sigmas, not codes")
         codes = np.broadcast_to(sigma.reshape(sigma_shape), mu_shape).astype(np.int16)
         np.asarray(stream, np.uint8).tofile(f"{folder}/{i}.stream")
         mu.astype(np.float32).tofile(f"{folder}/{i}.mu")
         codes.tofile(f"{folder}/{i}.codes")
-        joint = kwargs.get("joint")
         if joint:
             channels, tokens, outside_channels, outside, coef, offset = joint
             for name, a in (("outside", outside), ("coef", coef), ("offset", offset)):

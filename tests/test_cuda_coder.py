@@ -424,30 +424,29 @@ def test_any_tensor_codes_to_the_rust_encoders_bytes(host_gpu, name, n, chunk, s
 
 def test_assemble_refuses_what_does_not_fit():
     """The host's half of the GPU path checks the layout it is handed (typed errors)."""
-    ok = dict(payload=np.zeros(10, np.uint8), lengths=np.array([4, 6], np.uint32), fingerprints=np.zeros(2, np.uint64))
-    assert _speckv.assemble_predicted("bfloat16", [10], 5, **ok)[:4] == b"SPKV"
+    payload, lengths, fingerprints = np.zeros(10, np.uint8), np.array([4, 6], np.uint32), np.zeros(2, np.uint64)
+    ok = (payload, lengths, fingerprints)
+    assert _speckv.assemble_predicted("bfloat16", [10], 5, ok)[:4] == b"SPKV"
     bad = [
         ("float32", [10], 5, ok, "exact model"),
         ("bfloat16", [10], 4, ok, "chunks"),
-        ("bfloat16", [10], 5, {**ok, "lengths": np.array([4, 5], np.uint32)}, "sum"),
-        ("bfloat16", [10], 5, {**ok, "fingerprints": np.zeros(3, np.uint64)}, "fingerprints"),
+        ("bfloat16", [10], 5, (payload, np.array([4, 5], np.uint32), fingerprints), "sum"),
+        ("bfloat16", [10], 5, (payload, lengths, np.zeros(3, np.uint64)), "fingerprints"),
         ("bfloat16", [10], 0, ok, "chunk size"),
     ]
-    for dtype, shape, chunk, args, match in bad:
+    for dtype, shape, chunk, chunks, match in bad:
         with pytest.raises(speckv.SpeckvError, match=match):
-            _speckv.assemble_predicted(dtype, shape, chunk, **args)
+            _speckv.assemble_predicted(dtype, shape, chunk, chunks)
     joint = (2, 5, 0, np.zeros(0, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32))
     with pytest.raises(speckv.SpeckvError, match="joint"):  # 10 scalars: one layer of 2 x 5, but 2 chunks
-        _speckv.assemble_predicted("bfloat16", [10], 5, **ok, joint=joint)
+        _speckv.assemble_predicted("bfloat16", [10], 5, ok, joint=(joint, None))
     with pytest.raises(speckv.SpeckvError, match="joint"):  # coefficients of the wrong size
         _speckv.assemble_predicted(
             "bfloat16",
             [10],
             10,
-            np.zeros(10, np.uint8),
-            np.array([10], np.uint32),
-            np.zeros(1, np.uint64),
-            joint=(2, 5, 0, joint[3], np.zeros(3, np.float32), joint[5]),
+            (np.zeros(10, np.uint8), np.array([10], np.uint32), np.zeros(1, np.uint64)),
+            joint=((2, 5, 0, joint[3], np.zeros(3, np.float32), joint[5]), None),
         )
 
 

@@ -65,7 +65,7 @@ def test_rust_sums_are_the_exact_integer_sums():
 
     q = fp8_quantize(t, scale).float()
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
-    limbs = _speckv.channel_sums(*flat, scale, 3, 40, 8)
+    limbs = _speckv.channel_sums(*flat, scale, (3, 40, 8))
     assert _limbs_to_ints(limbs) == _exact(t, p, p8, q, scale, 3, 8)
 
 
@@ -82,7 +82,7 @@ def test_the_kernels_host_build_sums_the_same_integers_in_any_grouping(host_gpu,
     q = fp8_quantize(t, scale).float()
     got = speckv.hf.cuda.channel_sums(t, p, p8, q, scale)
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
-    want = _speckv.channel_sums(*flat, scale, 2, 50, 16).reshape(3, 32, 3)
+    want = _speckv.channel_sums(*flat, scale, (2, 50, 16)).reshape(3, 32, 3)
     assert np.array_equal(got, want)
     assert [name for name, _, _ in host_gpu.launches] == ["speckv_channel_sums"]
 
@@ -90,9 +90,9 @@ def test_the_kernels_host_build_sums_the_same_integers_in_any_grouping(host_gpu,
 def test_channel_sums_refuse_mismatched_arrays():
     a = np.zeros(12, np.float32)
     with pytest.raises(speckv.SpeckvError, match="channel_sums"):
-        _speckv.channel_sums(a, a, a, np.zeros(11, np.float32), 1.0, 1, 3, 4)
+        _speckv.channel_sums(a, a, a, np.zeros(11, np.float32), 1.0, (1, 3, 4))
     with pytest.raises(speckv.SpeckvError, match="channel_sums"):
-        _speckv.channel_sums(a, a, a, a, 1.0, 1, 5, 4)
+        _speckv.channel_sums(a, a, a, a, 1.0, (1, 5, 4))
 
 
 def test_calibration_statistics_agree_with_float64_sums():
@@ -142,7 +142,7 @@ def test_gpu_channel_sums_match_the_rust_path():
     q = fp8_quantize(t, scale).float()
     got = speckv.hf.cuda.channel_sums(*(a.cuda() for a in (t, p, p8, q)), scale)
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
-    assert np.array_equal(got, _speckv.channel_sums(*flat, scale, 4, 3000, 64).reshape(3, 256, 3))
+    assert np.array_equal(got, _speckv.channel_sums(*flat, scale, (4, 3000, 64)).reshape(3, 256, 3))
 
 
 @gpu
@@ -189,7 +189,7 @@ def test_the_atomic_carries_are_exact_under_contention(cuda_host, threads):
     p8 = (t * rng.uniform(-1, 1, n)).astype(np.float32)
     q = rng.uniform(-448, 448, n).astype(np.float32)
     scale = 1e-20
-    want = _speckv.channel_sums(t, p, p8, q, scale, heads, tokens, dim)
+    want = _speckv.channel_sums(t, p, p8, q, scale, (heads, tokens, dim))
     sums = np.zeros(3 * heads * dim * 3, np.uint64)
     kernel = cuda_host.host_speckv_channel_sums_threaded
     size, pointer = ctypes.c_ulonglong, ctypes.c_void_p

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from . import _arrays, _speckv
 from ._channels import detect_period
+
+if TYPE_CHECKING:
+    from ._speckv import _Options
 
 THREADS_ENV = "SPECKV_NUM_THREADS"
 
@@ -155,12 +158,37 @@ def _target(x: Any) -> tuple[np.ndarray, str]:
     return _arrays.to_numpy(x), name
 
 
-def _coding_args(x: Any, mu: Any, sigma: Any, sigma_codes: Any) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
-    """The positional arguments of the extension's encode / ideal_bits: x's words, dtype name,
-    shape, then the prediction arguments of `_prediction`."""
+def _coding_args(x: Any) -> tuple[Any, str, list[int]]:
+    """The extension's encode / ideal_bits target: x's words, dtype name and shape."""
     x_np, name = _target(x)
     shape = [int(d) for d in x_np.shape]
-    return (_arrays.words_of(x_np, name), name, shape, *_prediction(mu, sigma, sigma_codes))
+    return _arrays.words_of(x_np, name), name, shape
+
+
+def _prediction_arg(mu: Any, sigma: Any, sigma_codes: Any, joint: Joint | None) -> tuple[Any, ...] | None:
+    """The extension's ``prediction`` argument: ``_prediction``'s four arrays and shapes and
+    the joint model's arguments, one tuple; None without a prediction."""
+    parts = _prediction(mu, sigma, sigma_codes)
+    if parts[0] is None:
+        if joint is not None:
+            raise ValueError("joint: the joint model needs mu and sigma")
+        return None
+    return (*parts, None if joint is None else joint.args())
+
+
+def _options(*, threads: int | None, chunk_scalars: int, model: Any, joint: Joint | None, **more: Any) -> _Options:
+    """The extension's ``options`` argument, every key (``torch_hint``, ``fast_lane`` and
+    ``context_period`` from ``more``)."""
+    return {
+        "threads": resolve_threads(threads),
+        "chunk_scalars": int(chunk_scalars),
+        "model": _check_model(model),
+        "weights": None,
+        "token_scale": _token_scale(joint),
+        "torch_hint": bool(more.get("torch_hint", False)),
+        "fast_lane": bool(more.get("fast_lane", False)),
+        "context_period": more.get("context_period"),
+    }
 
 
 def kernel_report() -> dict[str, str]:
@@ -248,28 +276,28 @@ def encode(
     >>> bool((speckv.decode(data).view(np.uint16) == x.view(np.uint16)).all())
     True
     """
-    args = _coding_args(x, mu, sigma, sigma_codes)
-    scalars = int(np.prod(args[2], dtype=np.int64))
-    predicted = args[3] is not None or args[5] is not None
-    fast = _fast_lane(lane, args[1], predicted=predicted, scalars=scalars, chunk=chunk_size)
+    words, name, shape = _coding_args(x)
+    prediction = _prediction_arg(mu, sigma, sigma_codes, joint)
+    scalars = int(np.prod(shape, dtype=np.int64))
+    predicted = prediction is not None
+    fast = _fast_lane(lane, name, predicted=predicted, scalars=scalars, chunk=chunk_size)
     default_chunk = _speckv.FAST_LANE_CHUNK_SCALARS if fast else _speckv.DEFAULT_CHUNK_SCALARS
     if channels is not None and (
         isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1
     ):
         raise ValueError(f"channels: expected a positive int, got {channels!r}")
-    if channels is None and len(args[2]) <= 1 and not predicted:
-        channels = detect_period(args[0])
-    return _speckv.encode(
-        *args,
-        threads=resolve_threads(threads),
+    if channels is None and len(shape) <= 1 and not predicted:
+        channels = detect_period(words)
+    options = _options(
+        threads=threads,
         chunk_scalars=default_chunk if chunk_size is None else int(chunk_size),
+        model=model,
+        joint=joint,
         torch_hint=_arrays.is_torch(x),
-        model=_check_model(model),
-        joint=None if joint is None else joint.args(),
-        token_scale=_token_scale(joint),
         fast_lane=fast,
         context_period=None if channels is None else int(channels),
     )
+    return _speckv.encode(words, name, shape, options, prediction)
 
 
 # Chunks below this many scalars take the adaptive lane unless told otherwise: a fast-lane
@@ -360,11 +388,7 @@ def decode(
         if min(span) < 0:
             raise ValueError(f"chunks: {span} is not a range of chunk indices")
     words, meta = _speckv.decode(
-        arr,
-        *_prediction(mu, sigma, sigma_codes),
-        threads=resolve_threads(threads),
-        chunks=span,
-        joint=None if joint is None else joint.args(),
+        arr, _prediction_arg(mu, sigma, sigma_codes, joint), threads=resolve_threads(threads), chunks=span
     )
     out = words.view(_arrays.numpy_dtype(meta["dtype"]))
     if span is None:
@@ -421,11 +445,6 @@ def ideal_bits(
     is the real coder's overhead. Without `mu` it measures the adaptive lane
     (``lane="adaptive"``): the fast lane chooses its tables as it encodes, so its size is
     ``len(encode(x))``."""
-    return _speckv.ideal_bits(
-        *_coding_args(x, mu, sigma, sigma_codes),
-        threads=resolve_threads(None),
-        chunk_scalars=_speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size),
-        model=_check_model(model),
-        joint=None if joint is None else joint.args(),
-        token_scale=_token_scale(joint),
-    )
+    chunk_scalars = _speckv.DEFAULT_CHUNK_SCALARS if chunk_size is None else int(chunk_size)
+    options = _options(threads=None, chunk_scalars=chunk_scalars, model=model, joint=joint)
+    return _speckv.ideal_bits(*_coding_args(x), options, _prediction_arg(mu, sigma, sigma_codes, joint))

@@ -1,6 +1,6 @@
 """Typed stub of the Rust extension (thin binding over the speckv core crate)."""
 
-from typing import Any, final
+from typing import Any, TypedDict, final
 
 import numpy as np
 import numpy.typing as npt
@@ -28,48 +28,32 @@ _Sigma = npt.NDArray[np.float32] | npt.NDArray[np.int16]
 _F32 = npt.NDArray[np.float32]
 _Joint = tuple[int, int, int, _F32, _F32, _F32]
 
+# (mu flat, mu's shape, sigma values or codes flat, the shape they broadcast from, joint)
+_Prediction = tuple[npt.NDArray[np.float32], list[int], _Sigma, list[int], _Joint | None]
+
+class _Options(TypedDict):
+    """The coder's options, every key (``speckv._api._options``)."""
+
+    threads: int
+    chunk_scalars: int
+    model: str
+    weights: tuple[int, int, int] | None
+    token_scale: tuple[int, int] | None
+    torch_hint: bool
+    fast_lane: bool
+    context_period: int | None
+
 def encode(
-    x: _Words,
-    dtype_name: str,
-    shape: list[int],
-    mu: npt.NDArray[np.float32] | None = None,
-    mu_shape: list[int] | None = None,
-    sigma: _Sigma | None = None,
-    sigma_shape: list[int] | None = None,
-    threads: int = 1,
-    chunk_scalars: int = ...,
-    torch_hint: bool = False,
-    model: str = "exact",
-    weights: tuple[int, int, int] | None = None,
-    joint: _Joint | None = None,
-    token_scale: tuple[int, int] | None = None,
-    fast_lane: bool = False,
-    context_period: int | None = None,
+    x: _Words, dtype_name: str, shape: list[int], options: _Options, prediction: _Prediction | None = None
 ) -> bytes: ...
 def ideal_bits(
-    x: _Words,
-    dtype_name: str,
-    shape: list[int],
-    mu: npt.NDArray[np.float32] | None = None,
-    mu_shape: list[int] | None = None,
-    sigma: _Sigma | None = None,
-    sigma_shape: list[int] | None = None,
-    threads: int = 1,
-    chunk_scalars: int = ...,
-    model: str = "exact",
-    weights: tuple[int, int, int] | None = None,
-    joint: _Joint | None = None,
-    token_scale: tuple[int, int] | None = None,
+    x: _Words, dtype_name: str, shape: list[int], options: _Options, prediction: _Prediction | None = None
 ) -> float: ...
 def decode(
     data: npt.NDArray[np.uint8],
-    mu: npt.NDArray[np.float32] | None = None,
-    mu_shape: list[int] | None = None,
-    sigma: _Sigma | None = None,
-    sigma_shape: list[int] | None = None,
+    prediction: _Prediction | None = None,
     threads: int = 1,
     chunks: tuple[int, int] | None = None,
-    joint: _Joint | None = None,
 ) -> tuple[_Words, dict[str, Any]]: ...
 def decode_into(data: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8], threads: int = 1) -> None: ...
 def info(data: npt.NDArray[np.uint8]) -> dict[str, Any]: ...
@@ -108,13 +92,7 @@ class LinearMap:
     def apply(self, x: npt.NDArray[np.float32], rows: int, threads: int = 1) -> npt.NDArray[np.float32]: ...
 
 def container_write(
-    per_layer: bool,
-    layers: int,
-    block_tokens: int,
-    tokens: int,
-    metadata: bytes,
-    streams: list[bytes],
-    layer_tokens: list[int] | None = None,
+    layout: tuple[bool, int, int, int, list[int] | None], metadata: bytes, streams: list[bytes]
 ) -> bytes: ...
 def stream_join(streams: list[bytes]) -> bytes: ...
 def entry_checksum(key: bytes, payload: bytes) -> int: ...
@@ -127,12 +105,9 @@ def assemble_predicted(
     dtype_name: str,
     shape: list[int],
     chunk_scalars: int,
-    payload: npt.NDArray[np.uint8],
-    lengths: npt.NDArray[np.uint32],
-    fingerprints: npt.NDArray[np.uint64],
+    chunks: tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32], npt.NDArray[np.uint64]],
     torch_hint: bool = False,
-    joint: _Joint | None = None,
-    token_scale: tuple[int, int] | None = None,
+    joint: tuple[_Joint, tuple[int, int] | None] | None = None,
 ) -> bytes: ...
 def channel_sums(
     t: npt.NDArray[np.float32],
@@ -140,7 +115,5 @@ def channel_sums(
     p8: npt.NDArray[np.float32],
     q: npt.NDArray[np.float32],
     scale: float,
-    heads: int,
-    tokens: int,
-    dim: int,
+    block: tuple[int, int, int],
 ) -> npt.NDArray[np.uint64]: ...

@@ -117,7 +117,8 @@ def pack(
     streams = [bytes(s) for block in blocks for s in block]
     if layer_tokens is not None and all(n == tokens for n in layer_tokens):
         layer_tokens = None
-    return _speckv.container_write(layout == "per-layer", layers, block_tokens, tokens, blob, streams, layer_tokens)
+    shape = (layout == "per-layer", layers, block_tokens, tokens, layer_tokens)
+    return _speckv.container_write(shape, blob, streams)
 
 
 def parse(data: Any) -> Container:

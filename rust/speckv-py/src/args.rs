@@ -171,6 +171,56 @@ pub(crate) fn with_joint<'a>(
     Ok(Some(p))
 }
 
+/// A prediction as Python passes it (`speckv._api._prediction`), one tuple: `(mu, mu_shape,
+/// sigma, sigma_shape, joint)`, mu flat float32 with its shape, sigma (values or codes) flat
+/// with the shape it broadcasts from, and the joint model's arguments or `None`.
+#[derive(FromPyObject)]
+pub(crate) struct PredictionIn<'py>(
+    Option<PyReadonlyArray1<'py, f32>>,
+    Option<Vec<usize>>,
+    Option<Bound<'py, PyAny>>,
+    Option<Vec<usize>>,
+    Option<JointArgs<'py>>,
+);
+
+impl<'py> PredictionIn<'py> {
+    /// The prediction's arguments (checked to go together) and the joint model's, if any.
+    pub(crate) fn parts(prediction: Option<Self>) -> PyResult<(Option<PredictionArgs<'py>>, Option<JointArgs<'py>>)> {
+        match prediction {
+            None => Ok((None, None)),
+            Some(PredictionIn(mu, mu_shape, sigma, sigma_shape, joint)) => {
+                Ok((PredictionArgs::extract(mu, mu_shape, sigma.as_ref(), sigma_shape)?, joint))
+            }
+        }
+    }
+}
+
+/// The coder's options as Python passes them (`speckv._api._options`): a dict with every key.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct OptionsIn {
+    threads: usize,
+    chunk_scalars: u32,
+    model: String,
+    weights: Option<(u16, u16, u16)>,
+    token_scale: Option<(u8, u8)>,
+    torch_hint: bool,
+    fast_lane: bool,
+    context_period: Option<u32>,
+}
+
+impl OptionsIn {
+    /// The core's options, checked.
+    pub(crate) fn encode_options(&self) -> PyResult<EncodeOptions> {
+        Ok(EncodeOptions {
+            torch_hint: self.torch_hint,
+            fast_lane: self.fast_lane,
+            context_period: self.context_period,
+            ..options(self.threads, self.chunk_scalars, &self.model, self.weights, self.token_scale)?
+        })
+    }
+}
+
 pub(crate) fn options(
     threads: usize,
     chunk_scalars: u32,

@@ -15,30 +15,18 @@ use crate::errors::*;
 
 /// Encodes flat bit patterns `x` of `dtype` and `shape`; see `speckv.encode`.
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, torch_hint=false, model="exact", weights=None, joint=None, token_scale=None, fast_lane=false, context_period=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (x, dtype_name, shape, options, prediction=None))]
 pub(crate) fn encode<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     dtype_name: &str,
     shape: Vec<u64>,
-    mu: Option<PyReadonlyArray1<'py, f32>>,
-    mu_shape: Option<Vec<usize>>,
-    sigma: Option<&Bound<'py, PyAny>>,
-    sigma_shape: Option<Vec<usize>>,
-    threads: usize,
-    chunk_scalars: u32,
-    torch_hint: bool,
-    model: &str,
-    weights: Option<(u16, u16, u16)>,
-    joint: Option<JointArgs<'py>>,
-    token_scale: Option<(u8, u8)>,
-    fast_lane: bool,
-    context_period: Option<u32>,
+    options: OptionsIn,
+    prediction: Option<PredictionIn<'py>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
-    let args = PredictionArgs::extract(mu, mu_shape, sigma, sigma_shape)?;
+    let (args, joint) = PredictionIn::parts(prediction)?;
     let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
     let prediction = match (&args, &codes) {
         (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
@@ -46,40 +34,27 @@ pub(crate) fn encode<'py>(
     };
     let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
-    let opts = EncodeOptions {
-        torch_hint,
-        fast_lane,
-        context_period,
-        ..options(threads, chunk_scalars, model, weights, token_scale)?
-    };
+    let opts = options.encode_options()?;
     let stream =
         py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
     Ok(PyBytes::new(py, &stream))
 }
 
-/// Ideal code length in bits under exactly the model `encode` uses.
+/// Ideal code length in bits under exactly the model `encode` uses (its options but the
+/// fast lane's and the context period's, which the adaptive model's measure ignores).
 #[pyfunction]
-#[pyo3(signature = (x, dtype_name, shape, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunk_scalars=speckv::codec::DEFAULT_CHUNK_SCALARS, model="exact", weights=None, joint=None, token_scale=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (x, dtype_name, shape, options, prediction=None))]
 pub(crate) fn ideal_bits<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     dtype_name: &str,
     shape: Vec<u64>,
-    mu: Option<PyReadonlyArray1<'py, f32>>,
-    mu_shape: Option<Vec<usize>>,
-    sigma: Option<&Bound<'py, PyAny>>,
-    sigma_shape: Option<Vec<usize>>,
-    threads: usize,
-    chunk_scalars: u32,
-    model: &str,
-    weights: Option<(u16, u16, u16)>,
-    joint: Option<JointArgs<'py>>,
-    token_scale: Option<(u8, u8)>,
+    options: OptionsIn,
+    prediction: Option<PredictionIn<'py>>,
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
-    let args = PredictionArgs::extract(mu, mu_shape, sigma, sigma_shape)?;
+    let (args, joint) = PredictionIn::parts(prediction)?;
     let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
     let prediction = match (&args, &codes) {
         (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
@@ -87,7 +62,7 @@ pub(crate) fn ideal_bits<'py>(
     };
     let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
-    let opts = options(threads, chunk_scalars, model, weights, token_scale)?;
+    let opts = options.encode_options()?;
     py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
 }
 
@@ -95,22 +70,17 @@ pub(crate) fn ideal_bits<'py>(
 /// flat output words, decodes into them with the GIL released. Returns `(words, info)`, with
 /// `info` as `speckv.info` gives it.
 #[pyfunction]
-#[pyo3(signature = (data, mu=None, mu_shape=None, sigma=None, sigma_shape=None, threads=1, chunks=None, joint=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (data, prediction=None, threads=1, chunks=None))]
 pub(crate) fn decode<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
-    mu: Option<PyReadonlyArray1<'py, f32>>,
-    mu_shape: Option<Vec<usize>>,
-    sigma: Option<&Bound<'py, PyAny>>,
-    sigma_shape: Option<Vec<usize>>,
+    prediction: Option<PredictionIn<'py>>,
     threads: usize,
     chunks: Option<(usize, usize)>,
-    joint: Option<JointArgs<'py>>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
     let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
-    let args = PredictionArgs::extract(mu, mu_shape, sigma, sigma_shape)?;
+    let (args, joint) = PredictionIn::parts(prediction)?;
     let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
     let prediction = match (&args, &codes) {
         (Some(a), Some(c)) => Some(a.prediction(c, &header.shape, mismatch_error)?),
@@ -241,26 +211,32 @@ pub(crate) fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -
     Ok(d)
 }
 
+/// Chunks coded elsewhere as Python passes them: `(payload, lengths, fingerprints)`, every
+/// chunk's payload back to back, one length and one plain prediction fingerprint per chunk.
+#[derive(FromPyObject)]
+pub(crate) struct ChunksIn<'py>(PyReadonlyArray1<'py, u8>, PyReadonlyArray1<'py, u32>, PyReadonlyArray1<'py, u64>);
+
 /// The stream `encode` writes (exact model, default parameters) from chunks coded elsewhere:
 /// every chunk's payload back to back, with one length and one plain prediction fingerprint
-/// per chunk, and for a jointly coded stream its joint model (the outside residuals may be
-/// empty) and token scale (`speckv::codec::assemble_predicted`).
+/// per chunk (`chunks`), and for a jointly coded stream `joint`: its joint model's arguments
+/// (the outside residuals may be empty) and its token scale (`speckv::codec::assemble_predicted`).
 #[pyfunction]
-#[pyo3(signature = (dtype_name, shape, chunk_scalars, payload, lengths, fingerprints, torch_hint=false, joint=None, token_scale=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (dtype_name, shape, chunk_scalars, chunks, torch_hint=false, joint=None))]
 pub(crate) fn assemble_predicted<'py>(
     py: Python<'py>,
     dtype_name: &str,
     shape: Vec<u64>,
     chunk_scalars: u32,
-    payload: PyReadonlyArray1<'py, u8>,
-    lengths: PyReadonlyArray1<'py, u32>,
-    fingerprints: PyReadonlyArray1<'py, u64>,
+    chunks: ChunksIn<'py>,
     torch_hint: bool,
-    joint: Option<JointArgs<'py>>,
-    token_scale: Option<(u8, u8)>,
+    joint: Option<(JointArgs<'py>, Option<(u8, u8)>)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
+    let ChunksIn(payload, lengths, fingerprints) = chunks;
+    let (joint, token_scale) = match joint {
+        Some((joint, token_scale)) => (Some(joint), token_scale),
+        None => (None, None),
+    };
     let contiguous = |_| PyValueError::new_err("payload, lengths, fingerprints and joint arrays must be contiguous");
     let (payload, lengths, fingerprints) = (
         payload.as_slice().map_err(contiguous)?,

@@ -45,20 +45,16 @@ pub(crate) fn stream_cut<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
-/// Wraps block-major `streams` in a cache container (`speckv::format::container`).
+/// Wraps block-major `streams` in a cache container (`speckv::format::container`), laid out
+/// as `layout` says: `(per_layer, layers, block_tokens, tokens, layer_tokens)`.
 #[pyfunction]
-#[pyo3(signature = (per_layer, layers, block_tokens, tokens, metadata, streams, layer_tokens=None))]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn container_write<'py>(
     py: Python<'py>,
-    per_layer: bool,
-    layers: u32,
-    block_tokens: u32,
-    tokens: u64,
+    layout: (bool, u32, u32, u64, Option<Vec<u64>>),
     metadata: &[u8],
     streams: Vec<PyBackedBytes>,
-    layer_tokens: Option<Vec<u64>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
+    let (per_layer, layers, block_tokens, tokens, layer_tokens) = layout;
     let out = py
         .allow_threads(|| {
             let refs: Vec<&[u8]> = streams.iter().map(|s| &s[..]).collect();

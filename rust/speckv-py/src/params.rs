@@ -120,10 +120,9 @@ pub(crate) fn exact_tables<'py>(py: Python<'py>, dtype_name: &str) -> PyResult<B
 }
 
 /// Exact per-channel calibration sums of a `[..., heads, tokens, dim]` cache (flat float32
-/// arrays `t`, `p`, `p8`, `q`; `speckv::stats`): `[3 statistics][heads * dim][3 limbs]` of
-/// 192-bit fixed-point integers, flat.
+/// arrays `t`, `p`, `p8`, `q`; `block`: `(heads, tokens, dim)`; `speckv::stats`):
+/// `[3 statistics][heads * dim][3 limbs]` of 192-bit fixed-point integers, flat.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn channel_sums<'py>(
     py: Python<'py>,
     t: PyReadonlyArray1<'py, f32>,
@@ -131,10 +130,9 @@ pub(crate) fn channel_sums<'py>(
     p8: PyReadonlyArray1<'py, f32>,
     q: PyReadonlyArray1<'py, f32>,
     scale: f64,
-    heads: usize,
-    tokens: usize,
-    dim: usize,
+    block: (usize, usize, usize),
 ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let (heads, tokens, dim) = block;
     let contiguous = |_| PyValueError::new_err("t, p, p8 and q must be contiguous");
     let (t, p, p8, q) = (
         t.as_slice().map_err(contiguous)?,

@@ -268,15 +268,8 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         module.launch("speckv_join_lanes", k, [*args, np.array(k, u64)], stream, CHUNK_BLOCK)
         payloads.append(out.cpu())
     payload = torch.cat(payloads).numpy() if payloads else np.zeros(0, np.uint8)
+    chunks = (payload, lengths.cpu().numpy().view(np.uint32), fingerprints.cpu().numpy().view(np.uint64))
     data = _speckv.assemble_predicted(
-        name,
-        list(shape),
-        chunk,
-        payload,
-        lengths.cpu().numpy().view(np.uint32),
-        fingerprints.cpu().numpy().view(np.uint64),
-        torch_hint=True,
-        joint=joint_args,
-        token_scale=scale,
+        name, list(shape), chunk, chunks, torch_hint=True, joint=None if joint_args is None else (joint_args, scale)
     )
     return data, (own.reshape(shape) if own is not None else None)

@@ -74,7 +74,7 @@ def _channel_sums(t: torch.Tensor, p: torch.Tensor, p8: torch.Tensor, scale: flo
         flat = [a.detach().cpu().float().contiguous().reshape(-1).numpy() for a in (t, p, p8)]
         q = fp8_quantize(t.detach().cpu(), scale).float().reshape(-1).numpy()
         _, heads, tokens, dim = t.shape
-        limbs = _speckv.channel_sums(flat[0], flat[1], flat[2], q, scale, heads, tokens, dim).reshape(3, -1, 3)
+        limbs = _speckv.channel_sums(flat[0], flat[1], flat[2], q, scale, (heads, tokens, dim)).reshape(3, -1, 3)
     out = []
     for stat in limbs.tolist():
         row = []
