@@ -147,28 +147,54 @@ impl<'py> PredictionArgs<'py> {
 pub(crate) type JointArgs<'py> =
     (usize, usize, usize, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>);
 
+/// The core's joint model over `joint`'s arrays (borrowed); `contiguous` names the arrays
+/// in the error when one is not contiguous.
+pub(crate) fn joint_of<'a>(joint: &'a JointArgs<'_>, contiguous: &str) -> PyResult<speckv::joint::Joint<'a>> {
+    let (channels, tokens, outside_channels, outside, coef, offset) = joint;
+    let error = |_| PyValueError::new_err(format!("{contiguous} must be C-contiguous"));
+    Ok(speckv::joint::Joint {
+        channels: *channels,
+        tokens: *tokens,
+        outside_channels: *outside_channels,
+        outside: outside.as_slice().map_err(error)?,
+        coef: coef.as_slice().map_err(error)?,
+        offset: offset.as_slice().map_err(error)?,
+    })
+}
+
 /// `prediction` with the joint model of `joint` (borrowing its arrays), if any.
 pub(crate) fn with_joint<'a>(
     prediction: Option<Prediction<'a>>,
     joint: &'a Option<JointArgs<'_>>,
 ) -> PyResult<Option<Prediction<'a>>> {
-    let (Some(mut p), Some((channels, tokens, outside_channels, outside, coef, offset))) = (prediction.clone(), joint)
-    else {
+    let (Some(mut p), Some(joint)) = (prediction.clone(), joint) else {
         if joint.is_some() {
             return Err(SpeckvError::new_err("joint: the joint model needs mu and sigma"));
         }
         return Ok(prediction);
     };
-    let contiguous = |_| PyValueError::new_err("joint: arrays must be C-contiguous");
-    p.joint = Some(speckv::joint::Joint {
-        channels: *channels,
-        tokens: *tokens,
-        outside_channels: *outside_channels,
-        outside: outside.as_slice().map_err(contiguous)?,
-        coef: coef.as_slice().map_err(contiguous)?,
-        offset: offset.as_slice().map_err(contiguous)?,
-    });
+    p.joint = Some(joint_of(joint, "joint: arrays")?);
     Ok(Some(p))
+}
+
+/// Runs `f` with the core's prediction for a tensor of `shape`, built from `prediction` (its
+/// sigma codes computed here, with the GIL released; the joint model borrowed), or `None`
+/// without one. A `mu` of another shape is `mismatch`'s error.
+pub(crate) fn with_prediction<R>(
+    py: Python<'_>,
+    prediction: Option<PredictionIn<'_>>,
+    shape: &[u64],
+    mismatch: fn(String) -> PyErr,
+    f: impl FnOnce(Option<&Prediction<'_>>) -> PyResult<R>,
+) -> PyResult<R> {
+    let (args, joint) = PredictionIn::parts(prediction)?;
+    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
+    let prediction = match (&args, &codes) {
+        (Some(a), Some(c)) => Some(a.prediction(c, shape, mismatch)?),
+        _ => None,
+    };
+    let prediction = with_joint(prediction, &joint)?;
+    f(prediction.as_ref())
 }
 
 /// A prediction as Python passes it (`speckv._api._prediction`), one tuple: `(mu, mu_shape,

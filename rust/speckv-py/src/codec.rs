@@ -26,17 +26,11 @@ pub(crate) fn encode<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
-    let (args, joint) = PredictionIn::parts(prediction)?;
-    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
-    let prediction = match (&args, &codes) {
-        (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
-        _ => None,
-    };
-    let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
     let opts = options.encode_options()?;
-    let stream =
-        py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)?;
+    let stream = with_prediction(py, prediction, &shape, value_error, |prediction| {
+        py.allow_threads(|| speckv::encode(x_bits, dtype, &shape, prediction, &opts)).map_err(to_py)
+    })?;
     Ok(PyBytes::new(py, &stream))
 }
 
@@ -54,16 +48,11 @@ pub(crate) fn ideal_bits<'py>(
 ) -> PyResult<f64> {
     let dtype = dtype(dtype_name)?;
     let x = Words::extract(x, "x")?;
-    let (args, joint) = PredictionIn::parts(prediction)?;
-    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
-    let prediction = match (&args, &codes) {
-        (Some(a), Some(c)) => Some(a.prediction(c, &shape, value_error)?),
-        _ => None,
-    };
-    let prediction = with_joint(prediction, &joint)?;
     let x_bits = x.bits("x")?;
     let opts = options.encode_options()?;
-    py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction.as_ref(), &opts)).map_err(to_py)
+    with_prediction(py, prediction, &shape, value_error, |prediction| {
+        py.allow_threads(|| speckv::ideal_bits(x_bits, dtype, &shape, prediction, &opts)).map_err(to_py)
+    })
 }
 
 /// Decodes `data` (a uint8 array over the stream): parses the header once, allocates the
@@ -80,37 +69,26 @@ pub(crate) fn decode<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
     let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
     let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
-    let (args, joint) = PredictionIn::parts(prediction)?;
-    let codes = args.as_ref().map(|a| a.codes(py)).transpose()?;
-    let prediction = match (&args, &codes) {
-        (Some(a), Some(c)) => Some(a.prediction(c, &header.shape, mismatch_error)?),
-        _ => None,
-    };
-    let prediction = with_joint(prediction, &joint)?;
     let range = chunks.map(|(a, b)| a..b);
     let n = speckv::decoded_len(&header, range.clone()).map_err(to_py)?;
-    macro_rules! run {
-        ($t:ty, $variant:ident) => {{
-            let mut words = vec![<$t>::default(); n];
-            py.allow_threads(|| {
-                speckv::decode_parsed(
-                    stream,
-                    &header,
-                    BitsMut::$variant(&mut words),
-                    prediction.as_ref(),
-                    threads,
-                    range,
-                )
-            })
-            .map_err(to_py)?;
-            PyArray1::from_vec(py, words).into_any()
-        }};
-    }
-    let words = match header.dtype.bits() {
-        8 => run!(u8, U8),
-        16 => run!(u16, U16),
-        _ => run!(u32, U32),
-    };
+    let shape = header.shape.clone();
+    let words = with_prediction(py, prediction, &shape, mismatch_error, |prediction| {
+        macro_rules! run {
+            ($t:ty, $variant:ident) => {{
+                let mut words = vec![<$t>::default(); n];
+                py.allow_threads(|| {
+                    speckv::decode_parsed(stream, &header, BitsMut::$variant(&mut words), prediction, threads, range)
+                })
+                .map_err(to_py)?;
+                PyArray1::from_vec(py, words).into_any()
+            }};
+        }
+        Ok(match header.dtype.bits() {
+            8 => run!(u8, U8),
+            16 => run!(u16, U16),
+            _ => run!(u32, U32),
+        })
+    })?;
     Ok((words, header_dict(py, &header, stream.len())?))
 }
 
@@ -243,17 +221,7 @@ pub(crate) fn assemble_predicted<'py>(
         lengths.as_slice().map_err(contiguous)?,
         fingerprints.as_slice().map_err(contiguous)?,
     );
-    let joint = match &joint {
-        Some((channels, tokens, outside_channels, outside, coef, offset)) => Some(speckv::joint::Joint {
-            channels: *channels,
-            tokens: *tokens,
-            outside_channels: *outside_channels,
-            outside: outside.as_slice().map_err(contiguous)?,
-            coef: coef.as_slice().map_err(contiguous)?,
-            offset: offset.as_slice().map_err(contiguous)?,
-        }),
-        None => None,
-    };
+    let joint = joint.as_ref().map(|j| joint_of(j, "joint: arrays")).transpose()?;
     let opts = EncodeOptions { torch_hint, ..options(1, chunk_scalars, "exact", None, token_scale)? };
     let stream = py
         .allow_threads(|| {
