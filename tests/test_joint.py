@@ -223,3 +223,18 @@ def test_joint_streams_decode_alike_under_every_kernel(simd):
     x, mu, sigma, joint = _joint_case()
     stream = speckv.encode(x, mu, sigma, chunk_size=x[0].size, joint=joint)
     assert decoded_in_child(stream, simd, "test_joint", "_joint_case()") == words_digest(x)
+
+
+def test_a_joint_model_without_a_prediction_is_refused_by_every_call():
+    """The joint model conditions on residuals from mu: without mu and sigma, encode, decode
+    and ideal_bits refuse it with speckv's own error before the extension runs."""
+    x = np.zeros((1, 2, 4), np.float16)
+    joint = speckv.Joint(2, 4, np.zeros((1, 2, 2), np.float32), np.zeros((1, 2), np.float32))
+    data = speckv.encode(x)
+    for call in (
+        lambda: speckv.encode(x, joint=joint),
+        lambda: speckv.ideal_bits(x, joint=joint),
+        lambda: speckv.decode(data, joint=joint),
+    ):
+        with pytest.raises(speckv.SpeckvError, match="needs mu and sigma"):
+            call()

@@ -171,23 +171,31 @@ def _prediction_arg(mu: Any, sigma: Any, sigma_codes: Any, joint: Joint | None) 
     parts = _prediction(mu, sigma, sigma_codes)
     if parts[0] is None:
         if joint is not None:
-            raise ValueError("joint: the joint model needs mu and sigma")
+            raise _speckv.SpeckvError("joint: the joint model needs mu and sigma")
         return None
     return (*parts, None if joint is None else joint.args())
 
 
-def _options(*, threads: int | None, chunk_scalars: int, model: Any, joint: Joint | None, **more: Any) -> _Options:
-    """The extension's ``options`` argument, every key (``torch_hint``, ``fast_lane`` and
-    ``context_period`` from ``more``)."""
+def _options(
+    *,
+    threads: int | None,
+    chunk_scalars: int,
+    model: Any,
+    joint: Joint | None,
+    torch_hint: bool = False,
+    fast_lane: bool = False,
+    context_period: int | None = None,
+) -> _Options:
+    """The extension's ``options`` argument, every key."""
     return {
         "threads": resolve_threads(threads),
         "chunk_scalars": int(chunk_scalars),
         "model": _check_model(model),
         "weights": None,
         "token_scale": _token_scale(joint),
-        "torch_hint": bool(more.get("torch_hint", False)),
-        "fast_lane": bool(more.get("fast_lane", False)),
-        "context_period": more.get("context_period"),
+        "torch_hint": torch_hint,
+        "fast_lane": fast_lane,
+        "context_period": context_period,
     }
 
 
