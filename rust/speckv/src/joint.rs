@@ -430,10 +430,9 @@ enum Patterns {
 
 impl Patterns {
     fn of(dtype: DType) -> Patterns {
-        match (dtype, values(dtype)) {
-            (DType::BFloat16, _) => Patterns::Shift16,
-            (_, Some(table)) => Patterns::Table(table),
-            (_, None) => Patterns::Own,
+        match dtype {
+            DType::BFloat16 => Patterns::Shift16,
+            _ => values(dtype).map_or(Patterns::Own, Patterns::Table),
         }
     }
 

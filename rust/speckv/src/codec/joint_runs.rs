@@ -52,7 +52,7 @@ pub(super) fn joint_runs<W: Word>(
 /// # Safety
 /// The CPU must have AVX2 and AVX-512F (`crate::joint::wide_kernels`).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512dq")]
+#[target_feature(enable = "avx2,avx512f")]
 unsafe fn joint_runs_wide<W: Word>(
     model: &StreamModel,
     joint: &Joint,
