@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from vllm import envs
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from ...hf.stores.free_store import StoredBlock
@@ -25,28 +24,14 @@ _CACHE_DTYPES: dict[str, torch.dtype | None] = {
 }
 # loads listed in the worker's stats (request id, tokens it had, matched, served)
 MAX_LOADS_KEPT = 100_000
-# how long an engine shutting down waits for queued saves (in its own interpreter)
+# how long an engine shutting down waits for queued saves (vLLM may kill it sooner: an engine
+# core in its own process 5 s after its SIGTERM; the worker writes its counters first)
 SHUTDOWN_DRAIN_S = 60.0
-# vLLM kills an engine core that has not exited 5 s after its SIGTERM (``vllm.v1.utils.shutdown``,
-# its worker processes with it): a drain there is cut short by this much, so that the counters
-# are written before the kill
-SHUTDOWN_KILL_MARGIN_S = 1.0
 # a scheduler waiting for a save sleeps this long per look (vLLM's engine loop asks again at
 # once: the sleep leaves the cores to the saver)
 SAVE_POLL_S = 0.002
 # saves the scheduler remembers as on their way (the oldest forgotten first)
 MAX_PENDING_SAVES = 64
-
-
-def shutdown_drain_s() -> float:
-    """How long a worker shutting down may wait for its queued saves: ``SHUTDOWN_DRAIN_S``
-    where the engine runs in the caller's process, and within vLLM's grace before its kill
-    (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 s, the engine core's too) where it runs in
-    processes of its own."""
-    if not envs.VLLM_ENABLE_V1_MULTIPROCESSING:
-        return SHUTDOWN_DRAIN_S
-    grace = min(float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS), 5.0)
-    return max(0.5, grace - SHUTDOWN_KILL_MARGIN_S)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from vllm.logger import init_logger
 from ...hf.stores.free_store import FreePrefixStore, StoredBlock
 from ..engine import EngineStore
 from ..paged import PagedLayout, UnsupportedLayoutError, host_ready
-from .requests import _LAYER, MAX_LOADS_KEPT, SpeckvConnectorMetadata, _LayerLoad, _Load, shutdown_drain_s
+from .requests import _LAYER, MAX_LOADS_KEPT, SHUTDOWN_DRAIN_S, SpeckvConnectorMetadata, _LayerLoad, _Load
 from .state import _ConnectorState
 
 if TYPE_CHECKING:
@@ -260,15 +260,15 @@ class _WorkerSide(_ConnectorState):
         return errors
 
     def shutdown(self) -> None:
-        """Finishes the queued saves (at most ``shutdown_drain_s()``), then writes the counters
+        """Finishes the queued saves (at most ``SHUTDOWN_DRAIN_S``), then writes the counters
         (``stats_file``): once before the drain too, and whatever the drain raised, so that a
-        worker vLLM kills mid-drain still leaves them."""
+        worker vLLM kills mid-drain (5 s after its SIGTERM) still leaves them."""
         self._write_stats()
         try:
             self._finish_layer_loads()
             if self._loader is not None:
                 self._loader.close()
-            if self._saver is not None and not self._saver.close(shutdown_drain_s()):
+            if self._saver is not None and not self._saver.close(SHUTDOWN_DRAIN_S):
                 logger.warning("speckv: %d saves were still queued at shutdown (not stored)", self._saver.pending())
         finally:
             self._write_stats()
