@@ -105,7 +105,7 @@ def main() -> None:
         for layer, ((k, v), (k2, v2)) in enumerate(zip(kv, extract_kv(restored))):
             for which, (a, b) in enumerate(((k, k2), (v, v2))):
                 if args.mode == "fp8":
-                    ref = fp8_quantize(a, float(codec._calibration().fp8_scales[layer, which])).view(torch.uint8)
+                    ref = fp8_quantize(a, float(codec.require_calibration().fp8_scales[layer, which])).view(torch.uint8)
                     exact &= torch.equal(ref, b.view(torch.uint8))
                 else:
                     word = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.mode]

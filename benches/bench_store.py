@@ -72,7 +72,7 @@ def main() -> None:
         stats = store.stats()
         # every restore, bit for bit: the shared blocks come from the first prompt's cache
         word = torch.int16 if args.dtype == "bf16" else torch.uint8
-        scales = codec._calibration().fp8_scales
+        scales = codec.require_calibration().fp8_scales
         exact = True
         for i, ids in enumerate(prompts):
             cache, n = store.get(ids, dequantize=False)

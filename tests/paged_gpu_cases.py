@@ -240,7 +240,7 @@ def test_copied_blocks_round_trip_through_the_codec_into_other_blocks(layout, dt
 def test_the_connectors_worker_side_round_trips_through_an_engine_store(checkpoint, layout, dtype, calibrated, seed):  # noqa: F811
     """What the connector's worker does with a request's blocks, without an engine: copied out
     of every layer (``save_kv_layer``: ``copy_blocks``), split and stored by an ``EngineStore``
-    (``_save_now``: the calibrated predictor's store, or the predictor-free one), loaded back
+    (``save_now``: the calibrated predictor's store, or the predictor-free one), loaded back
     and written into other blocks (``start_load_kv``: ``write``): those blocks then hold, in
     every layer, exactly what the first ones held."""
     from test_hf import ids

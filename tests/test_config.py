@@ -114,8 +114,12 @@ def test_the_lmcache_serde_refuses_what_cannot_work():
 # the modules that read each configuration, and the names they read it by
 READERS = {
     ConnectorConfig: (
-        ["integrations/vllm/connector.py", "integrations/vllm/scheduler_side.py", "integrations/vllm/worker_side.py"],
-        r"\b(?:self\._config|config)\.(\w+)",
+        [
+            "integrations/vllm/context.py",
+            "integrations/vllm/scheduler.py",
+            "integrations/vllm/worker.py",
+        ],
+        r"\b(?:self\.context\.config|context\.config|config)\.(\w+)",
     ),
     TierConfig: (["integrations/vllm_tier.py"], r"\bself\.config\.(\w+)"),
     LMCacheSerdeConfig: (["integrations/lmcache.py"], r"\bconfig\.(\w+)"),

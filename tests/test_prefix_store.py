@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 from test_hf import ids, tiny_model  # noqa: E402
 from test_store import redis_url  # noqa: E402,F401  (a redis-server on a loopback port)
 
+from speckv import PredictionMismatchError  # noqa: E402
 from speckv.hf import ModelPrefixPredictor, PrefixStore, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.hf.models.cache import other_kernels, prefill  # noqa: E402
 from speckv.hf.predictors.calibration import fp8_quantize  # noqa: E402
@@ -361,3 +362,37 @@ def test_a_dead_backend_means_recompute_not_a_crash(codec):
     assert store.stats_counters()["store_errors"] >= 2
     with pytest.raises(StoreError):  # asking the backend itself: a typed error
         store.stats()
+
+
+def test_the_block_codec_codes_one_block_from_the_walk_before_it(codec):
+    """``BlockCodec``, what the store codes with: block 2 of a prompt, its predictor state
+    carried past blocks 0 and 1 (``skip``) on both sides, comes back bit for bit; a state that
+    walked another length, a block of another length, or another prompt, is refused."""
+    from speckv.hf import BlockCodec, PrefixState
+
+    blocks = BlockCodec(codec, "bf16")
+    a, _ = shared_prompts()
+    kv = extract_kv(prefill(codec.model, a))
+    start, end = 2 * BLOCK, 3 * BLOCK
+    block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
+
+    def walked(n: int) -> PrefixState:
+        state = PrefixState()
+        for b in range(n):
+            blocks.skip(a[:, b * BLOCK : (b + 1) * BLOCK], state)
+        return state
+
+    data = blocks.encode(block, a[:, :end], start, walked(2))
+    back = blocks.decode(data, a[:, :end], start, walked(2))
+    assert len(back) == len(kv)
+    for (k, v), (bk, bv) in zip(block, back):
+        assert torch.equal(bk.view(torch.int16), k.to(torch.bfloat16).view(torch.int16))
+        assert torch.equal(bv.view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
+    with pytest.raises(ValueError, match="walked 16 tokens"):
+        blocks.decode(data, a[:, :end], start, walked(1))
+    with pytest.raises(ValueError, match="tokens"):
+        blocks.encode(block, a[:, : end - 1], start, walked(2))
+    other = a.clone()
+    other[0, 5] += 1
+    with pytest.raises(PredictionMismatchError):
+        blocks.decode(data, other[:, :end], start, walked(2))

@@ -51,51 +51,60 @@ try:  # the connectors below, importable by vLLM's engine process (this file's f
                 os.path.join(folder, f"{kind}-{safe}.pt"),
             )
 
-    class RecordingSpeckvConnector(SpeckvConnector):
-        """SpeckvConnector that also writes down, per request, the blocks it stored (what vLLM
+    from speckv.integrations.vllm.worker import ConnectorWorker
+
+    class RecordingWorker(ConnectorWorker):
+        """A worker that also writes down, per request, the blocks it stored (what vLLM
         computed) and the blocks it injected (read back from vLLM's buffer once the step's
         loads are done: after the forward pass, as a layer-by-layer load ends there; the
         forward pass writes only the blocks after the loaded ones)."""
 
-        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-            super().start_load_kv(forward_context, **kwargs)
-            meta = self._get_connector_metadata()
-            assert isinstance(meta, SpeckvConnectorMetadata)
+        def start_load_kv(self, meta: SpeckvConnectorMetadata) -> None:
+            super().start_load_kv(meta)
             self._recording = list(meta.loads)
 
         def get_block_ids_with_load_errors(self) -> set[int]:
             failed = super().get_block_ids_with_load_errors()
             loads, self._recording = getattr(self, "_recording", []), []
-            assert self._layout is not None or not loads
+            assert self.layout is not None or not loads
             for load in loads:
                 served = [b for b in load.block_ids[load.first :] if b not in failed]
                 if served:
                     _record(
                         "injected",
                         load.req_id,
-                        {layer: self._layout.read(self._view(buf), served) for layer, buf in self._caches.items()},
+                        {layer: self.layout.read(self.view(buf), served) for layer, buf in self.caches.items()},
                     )
             return failed
 
-        def wait_for_save(self) -> None:
-            meta = self._get_connector_metadata()
-            for save in getattr(meta, "saves", []):
-                layers = self._captured.get(save.req_id, {})
-                if layers and self._layout is not None:
-                    pairs = {i: self._layout.split(b.numpy()) for i, b in layers.items()}
+        def wait_for_save(self, meta: SpeckvConnectorMetadata) -> None:
+            for save in meta.saves:
+                layers = self.captured.get(save.req_id, {})
+                if layers and self.layout is not None:
+                    pairs = {i: self.layout.split(b.numpy()) for i, b in layers.items()}
                     _record(
                         "stored", save.req_id, {i: tuple(torch.from_numpy(t) for t in kv) for i, kv in pairs.items()}
                     )
-            super().wait_for_save()
+            super().wait_for_save(meta)
+
+    class RecordingSpeckvConnector(SpeckvConnector):
+        """SpeckvConnector whose worker records what it stores and injects (``RecordingWorker``)."""
+
+        worker_class = RecordingWorker
+
+    class SlowSavingWorker(ConnectorWorker):
+        """A worker whose background saves each take ``SPECKV_TEST_SAVE_DELAY_S`` seconds longer
+        (a saver behind the requests, made certain; an environment variable, not a key of the
+        connector's configuration, which refuses keys it does not know)."""
+
+        def save_now(self, token_ids: list[int], blocks: list[Any], store: Any = None) -> int:
+            time.sleep(float(os.environ.get("SPECKV_TEST_SAVE_DELAY_S", "0")))
+            return super().save_now(token_ids, blocks, store)
 
     class SlowSavingSpeckvConnector(SpeckvConnector):
-        """SpeckvConnector whose background saves each take ``SPECKV_TEST_SAVE_DELAY_S`` seconds
-        longer (a saver behind the requests, made certain; an environment variable, not a key of
-        the connector's configuration, which refuses keys it does not know)."""
+        """SpeckvConnector with a ``SlowSavingWorker``."""
 
-        def _save_now(self, token_ids: list[int], blocks: list[Any], store: Any = None) -> int:
-            time.sleep(float(os.environ.get("SPECKV_TEST_SAVE_DELAY_S", "0")))
-            return super()._save_now(token_ids, blocks, store)
+        worker_class = SlowSavingWorker
 
 except ImportError:  # imported by pytest outside the vLLM virtualenv: only the docs matter
     pass

@@ -192,7 +192,7 @@ def _options(
         "chunk_scalars": int(chunk_scalars),
         "model": _check_model(model),
         "weights": None,
-        "token_scale": _token_scale(joint),
+        "token_scale": token_scale_args(joint),
         "torch_hint": torch_hint,
         "fast_lane": fast_lane,
         "context_period": context_period,
@@ -330,7 +330,7 @@ def _fast_lane(lane: Lane | None, dtype_name: str, *, predicted: bool, scalars: 
     return lane == "fast"
 
 
-def _token_scale(joint: Joint | None) -> tuple[int, int] | None:
+def token_scale_args(joint: Joint | None) -> tuple[int, int] | None:
     if joint is None or joint.token_scale is None:
         return None
     if not isinstance(joint.token_scale, TokenScale):

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
     if args.output:
         codec.save(args.output)
         path = args.output
-    meta = codec._calibration().metadata
+    meta = codec.require_calibration().metadata
     if args.json:
         print(json.dumps({"path": path, **meta}, indent=2, default=str))
     else:

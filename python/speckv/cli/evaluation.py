@@ -118,7 +118,7 @@ def run_eval(
     result["model"] = label
     result["predictor"] = spec or args.predictor or ("from-calibration" if args.calibration else "prefix")
     result["producer"] = args.producer
-    result["calibration"] = {"path": cal_path, **codec._calibration().metadata}
+    result["calibration"] = {"path": cal_path, **codec.require_calibration().metadata}
     return result
 
 

@@ -20,6 +20,7 @@ decoding alone).
 
 from __future__ import annotations
 
+from .codec.blocks import BlockCodec
 from .codec.codec import SpeculativeCodec
 from .models.cache import build_cache, extract_kv, prefill
 from .models.demo import bundled_text, demo_gguf_path, load_demo_model, load_model, prompts
@@ -31,6 +32,7 @@ from .stores.free_store import FreePrefixStore
 from .stores.prefix_store import PrefixStore
 
 __all__ = [
+    "BlockCodec",
     "Calibration",
     "ChannelStatsPredictor",
     "Fp8Predictor",

@@ -136,7 +136,7 @@ class EngineStore:
     ) -> None:
         from ..hf.codec.codec import SpeculativeCodec
         from ..hf.codec.from_description import predictor_from_description
-        from ..hf.models.checkpoint import _skeleton, checkpoint_fingerprint, load_trunk
+        from ..hf.models.checkpoint import checkpoint_fingerprint, load_trunk, skeleton
         from ..hf.predictors.calibration import Calibration
         from ..hf.stores.free_store import FreePrefixStore
         from ..hf.stores.prefix_store import PrefixStore
@@ -165,7 +165,7 @@ class EngineStore:
                 f"{', '.join(HOSTED_PREDICTORS)} (speckv calibrate --predictor map|prefix:N|stats)"
             )
         layers = int(description.get("layers", 0)) if description.get("name") == "model-prefix" else 0
-        model = load_trunk(folder, layers) if weights and layers else _skeleton(folder, torch.bfloat16)
+        model = load_trunk(folder, layers) if weights and layers else skeleton(folder, torch.bfloat16)
         predictor = predictor_from_description(model, description)
         fingerprint = checkpoint_fingerprint(folder, model)
         self.codec: SpeculativeCodec | None = SpeculativeCodec(
@@ -183,7 +183,7 @@ class EngineStore:
         """The predictor-free (or raw) store (``calibration=None``): the model's config, no
         weights."""
         from ..hf.models.architecture import text_config
-        from ..hf.models.checkpoint import _skeleton, checkpoint_fingerprint
+        from ..hf.models.checkpoint import checkpoint_fingerprint, skeleton
         from ..hf.stores.free_store import FreePrefixStore
 
         if self.dtype == "fp8":
@@ -191,7 +191,7 @@ class EngineStore:
                 "cache_dtype: an fp8 cache is coded with the calibration's fp8 scales; "
                 "give a calibration (speckv calibrate --fp8-scale S), or store bf16/fp16"
             )
-        model = _skeleton(folder, torch.bfloat16)
+        model = skeleton(folder, torch.bfloat16)
         config = text_config(model)
         heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)

@@ -131,7 +131,7 @@ class SpeculativeCodec:
         return self.calibration
 
     def save(self, path: str) -> None:
-        self._calibration().save(path)
+        self.require_calibration().save(path)
 
     @classmethod
     def load(cls, path: str, model: Any, predictor: AnyPredictor | None = None) -> SpeculativeCodec:
@@ -142,7 +142,8 @@ class SpeculativeCodec:
             predictor = predictor_from_description(model, calibration.metadata.get("predictor", {}))
         return cls(model, calibration, predictor, fingerprint=model_fingerprint(model))
 
-    def _calibration(self) -> Calibration:
+    def require_calibration(self) -> Calibration:
+        """The codec's calibration; ``ValueError`` where it has none yet."""
         if self.calibration is None:
             raise ValueError("this codec has no calibration: call calibrate() or load() first")
         return self.calibration
@@ -150,7 +151,7 @@ class SpeculativeCodec:
     @property
     def params(self) -> CodingParams:
         """The coding parameters of the current calibration (``coding_params``)."""
-        return CodingParams(self._calibration(), self.device, self.token_scale, self._joint_models)
+        return CodingParams(self.require_calibration(), self.device, self.token_scale, self._joint_models)
 
     # -- coding -------------------------------------------------------------------------
     def compress(
@@ -171,7 +172,7 @@ class SpeculativeCodec:
         ``restore_model``'s pick for this predictor and dtype)."""
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
-        kv = self._check_cache(cache)
+        kv = self.check_cache(cache)
         return self._encode(kv, input_ids, self._predictions(kv, input_ids, dtype), dtype, threads, model, block_size)
 
     def prediction(self, cache: Any, input_ids: torch.Tensor, dtype: str = "bf16", run: Any = None) -> KV:
@@ -197,8 +198,9 @@ class SpeculativeCodec:
 
         yield from walk_layers(run, kv, observed, quiet_torch)
 
-    def _check_cache(self, cache: Any) -> KV:
-        cal = self._calibration()
+    def check_cache(self, cache: Any) -> KV:
+        """``cache``'s per-layer ``(K, V)``; ``ValueError`` unless it has the calibration's layers."""
+        cal = self.require_calibration()
         kv = extract_kv(cache)
         if len(kv) != cal.n_layers:
             raise ValueError(f"cache: {len(kv)} layers, the calibration has {cal.n_layers}")
@@ -220,7 +222,7 @@ class SpeculativeCodec:
         whole-prompt predictor, its ``predict(input_ids)``, the same for every dtype)."""
         if dtype not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {dtype!r}")
-        kv = self._check_cache(cache)
+        kv = self.check_cache(cache)
         return self._encode(kv, input_ids, prediction, dtype, threads, model, block_size)
 
     def _encode(
@@ -265,36 +267,36 @@ class SpeculativeCodec:
         the streams' payloads are checked as they are decoded."""
         return identity.read_header(data)
 
-    def _check(self, header: dict[str, Any], input_ids: torch.Tensor) -> None:
-        """Refuses a container made with another model, calibration, predictor or prompt
-        (``header``: its metadata)."""
-        identity.check(header, self.fingerprint, self._calibration(), self.predictor, input_ids)
+    def _checked(self, data: bytes, input_ids: torch.Tensor) -> container.Container:
+        """The container's header, refused unless made with this model, calibration,
+        predictor and prompt."""
+        c = self.read_header(data)
+        identity.check(c.metadata, self.fingerprint, self.require_calibration(), self.predictor, input_ids)
+        return c
 
     def _decode(
         self,
-        data: bytes,
+        c: container.Container,
         input_ids: torch.Tensor,
         layers: list[int] | None,
         threads: int | None,
-        prediction: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-        pipeline: bool | None = None,
-        run: Any = None,
-    ) -> tuple[container.Container, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
-        c = self.read_header(data)
-        self._check(c.metadata, input_ids)
+        prediction: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        pipeline: bool | None,
+        run: Any,
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The wanted layers of ``c`` (``_checked``) against ``prediction``, or the predictor's
+        (``run``: a layer-wise walk already started, None to start one)."""
         want = wanted(layers, c.layers)
         params = self.params
         if is_layerwise(self.predictor):
             if prediction is not None:
                 raise TypeError("prediction=: a layer-wise predictor runs inside decompress()")
-            predictor = self.predictor
-            threads_of_predictor = int(getattr(predictor, "threads", 1))
-            return c, decode_layerwise(
-                params, c, want, threads, pipeline, threads_of_predictor, run, lambda: predictor.start(input_ids)
-            )
+            predictor, own_threads = self.predictor, int(getattr(self.predictor, "threads", 1))
+            start = functools.partial(predictor.start, input_ids)
+            return decode_layerwise(params, c, want, threads, pipeline, own_threads, run, start)
         joint = reads_joint(params, c)  # a check: before the predictor runs
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
-        return c, decode_whole(params, c, pred, want, layers, threads, joint)
+        return decode_whole(params, c, pred, want, layers, threads, joint)
 
     def decompress(
         self,
@@ -316,10 +318,11 @@ class SpeculativeCodec:
         the cache's tensors go (default: ``input_ids``' device, so a GPU prompt gets a GPU
         cache; decoding itself runs on the host)."""
         target = restore_device(device, input_ids)
-        c, layers = self._decode(data, input_ids, None, threads, prediction, pipeline)
+        c = self._checked(data, input_ids)
+        layers = self._decode(c, input_ids, None, threads, prediction, pipeline, None)
         kv = [(k.to(target), v.to(target)) for k, v in (layers[i] for i in range(c.layers))]
         if c.metadata["mode"] == "fp8" and dequantize:
-            scales = self._calibration().fp8_scales
+            scales = self.require_calibration().fp8_scales
             kv = [dequantize_fp8(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
         return self._build(kv, input_ids)
 
@@ -344,7 +347,8 @@ class SpeculativeCodec:
         needs the layers below: those are decoded too, but not the ones above), on ``device``
         (default: ``input_ids``' device)."""
         target = restore_device(device, input_ids)
-        _, layers = self._decode(data, input_ids, [layer], threads, None, pipeline)
+        c = self._checked(data, input_ids)
+        layers = self._decode(c, input_ids, [layer], threads, None, pipeline, None)
         k, v = layers[layer]
         return k.to(target), v.to(target)
 

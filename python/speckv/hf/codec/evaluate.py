@@ -132,7 +132,7 @@ def evaluate(
     ``repeat`` runs. ``coder``: the model the residuals are coded with (``speckv.encode``'s
     ``model``; default: what ``compress`` picks, ``SpeculativeCodec.restore_model``)."""
     layerwise = is_layerwise(codec.predictor)
-    cal = codec._calibration()
+    cal = codec.require_calibration()
     params = codec.params
     n_layers = cal.n_layers
     result: dict[str, Any] = {"prompts": len(prompts), "tokens": sum(p.numel() for p in prompts), "modes": {}}

@@ -151,7 +151,7 @@ def encode_joint(x: Any, mu: Any, codes: Any, joint: Any, *, chunk_size: int | N
 def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> tuple[bytes, Any]:
     import torch
 
-    from ..._api import Joint, _token_scale
+    from ..._api import Joint, token_scale_args
 
     module, stream = loaded._module(x)
     name = str(x.dtype).removeprefix("torch.")
@@ -182,7 +182,7 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
     coded_mu, coded_codes, own = m, codes, None
     layer_scalars, runs = 0, torch.zeros(1, dtype=torch.int32, device=x.device)
     joint_args = None
-    scale = _token_scale(joint) if joint is not None else None
+    scale = token_scale_args(joint) if joint is not None else None
     if joint is not None:
         # invariant J1/J3 parameters of every scalar, then coded like any other (runs per channel)
         c, t = int(joint.channels), int(joint.tokens)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..._speckv import SpeckvError
-from ..predictors.calibration import _config_dict
+from ..predictors.calibration import fingerprint_config
 
 
 class CheckpointError(SpeckvError):
@@ -73,7 +73,7 @@ class _Tensors:
             raise CheckpointError(f"{path}: reading {name}: {e}") from None
 
 
-def _skeleton(folder: Path, dtype: torch.dtype) -> Any:
+def skeleton(folder: Path, dtype: torch.dtype) -> Any:
     """The model built from the folder's config with parameters on ``meta`` (buffers such as
     RoPE's frequencies are made for real), weights tied as ``from_pretrained`` ties them."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,15 +106,15 @@ def load_trunk(folder: str | os.PathLike[str], layers: int, *, dtype: torch.dtyp
     """The checkpoint's model with only its embedding and first ``layers`` decoder layers in
     memory (``dtype``, as ``from_pretrained(..., dtype=dtype)`` casts them); every other
     parameter stays on ``meta``. Enough for ``ModelPrefixPredictor(model, layers)``."""
-    from ..predictors.base import _decoder_layers
+    from ..predictors.base import decoder_layers
 
     path = Path(folder)
-    model = _skeleton(path, dtype)
+    model = skeleton(path, dtype)
     n = int(model.config.get_text_config(decoder=True).num_hidden_layers)
     if not 1 <= layers <= n:
         raise CheckpointError(f"layers: expected 1..{n}, got {layers}")
     inner = getattr(model, "model", model)
-    wanted = [inner.get_input_embeddings(), *list(_decoder_layers(model))[:layers]]
+    wanted = [inner.get_input_embeddings(), *list(decoder_layers(model))[:layers]]
     tensors = _Tensors(path)
     names = set(tensors.files)
     prefix = {id(m): full for full, m in model.named_modules()}
@@ -140,7 +140,7 @@ def checkpoint_fingerprint(folder: str | os.PathLike[str], model: Any) -> str:
     tensors = _Tensors(path)
     names = set(tensors.files)
     h = hashlib.blake2b(digest_size=16)
-    h.update(json.dumps(_config_dict(model), sort_keys=True, default=str).encode())
+    h.update(json.dumps(fingerprint_config(model), sort_keys=True, default=str).encode())
     for name, p in model.named_parameters():
         t = tensors.get(_checkpoint_name(name, names)).to(p.dtype).contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())

@@ -75,7 +75,7 @@ def fp8_round_trip(weight: torch.Tensor, block_size: int | None = None) -> torch
     return q.reshape(padded.shape)[:rows, :cols].contiguous()
 
 
-def _decoder_layers(model: Any) -> Any:
+def decoder_layers(model: Any) -> Any:
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -124,7 +124,7 @@ class Fp8Predictor:
         self.dtype = dtype
         self.model = copy.deepcopy(model).to(dtype).eval()
         with torch.no_grad():
-            for module in _decoder_layers(self.model).modules():
+            for module in decoder_layers(self.model).modules():
                 if isinstance(module, torch.nn.Linear):
                     module.weight.copy_(fp8_round_trip(module.weight, block_size).to(dtype))
         self.model.to(self.device)

@@ -31,7 +31,9 @@ class CalibrationMismatchError(PredictionMismatchError):
     """A calibration (or a stream) was made for another model, predictor or calibration."""
 
 
-def _config_dict(model: Any) -> dict[str, Any]:
+def fingerprint_config(model: Any) -> dict[str, Any]:
+    """The model's config as its fingerprint reads it: less where it was loaded from, the
+    transformers version and the dtype (``model_cache.config_dict`` keeps those two)."""
     config = model.config.to_dict()
     for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash", "name_or_path"):
         config.pop(volatile, None)
@@ -42,7 +44,7 @@ def model_fingerprint(model: Any) -> str:
     """BLAKE2b of the model's config and of every parameter's bytes (so the same weights in
     another dtype, or other weights, give another fingerprint)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(json.dumps(_config_dict(model), sort_keys=True, default=str).encode())
+    h.update(json.dumps(fingerprint_config(model), sort_keys=True, default=str).encode())
     for name, p in model.named_parameters():
         t = p.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())

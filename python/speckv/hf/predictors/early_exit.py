@@ -43,7 +43,7 @@ import torch
 
 from ..models.architecture import layer_windows, text_config
 from ..models.cache import KV, cache_argument
-from .base import _decoder_layers
+from .base import decoder_layers
 from .linear_map import MAP_FEATURE_RANGE, MAP_THREADS, apply_map, first_rows, integer_map
 from .map_fit import fit_maps
 from .map_sources import HISTORY, Observed, _fallback_sources, _features, _hidden_source, _missing, _sources, _untokens
@@ -98,7 +98,7 @@ class ModelPrefixPredictor:
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk: expected a positive int, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
-        _decoder_layers(model)
+        decoder_layers(model)
         self._cache_kw = cache_argument(model)
         self.model = model
         self.layers = int(layers)

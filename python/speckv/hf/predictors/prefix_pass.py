@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .base import _decoder_layers, fixed_threads
+from .base import decoder_layers, fixed_threads
 
 
 class _Stop(Exception):
@@ -134,7 +134,7 @@ def prefix_step(
                 hidden((output[0] if isinstance(output, tuple) else output).detach())
             raise _Stop
 
-        handle = _decoder_layers(predictor.model)[predictor.layers - 1].register_forward_hook(ended)
+        handle = decoder_layers(predictor.model)[predictor.layers - 1].register_forward_hook(ended)
     with torch.no_grad(), fixed_threads(predictor.threads):
         try:
             predictor.model(input_ids=input_ids, use_cache=True, **{predictor._cache_kw: cache})

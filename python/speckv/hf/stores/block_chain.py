@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from ..._speckv import CorruptStreamError
+from ..._speckv import CorruptStreamError, PredictionMismatchError
 from ...store import Backend, StoreError, pack_entry, touch_chain, unpack_entry
+
+T = TypeVar("T")
 
 
 def chain_keys(namespace: bytes, input_ids: torch.Tensor, block_size: int) -> list[str]:
@@ -93,6 +95,27 @@ class BlockChain:
         except (CorruptStreamError, StoreError) as e:
             self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
         return n * self.block_size
+
+    def _read_chain(self, keys: list[str], accept: Callable[[int, bytes], T], start: int = 0) -> list[T]:
+        """``accept(b, entry)`` for blocks ``b = start, start + 1, ...`` of ``keys`` while they
+        are stored, ``entry`` the block's payload with its checksum and key checked. The chain
+        ends at the first block that is missing (a miss), damaged (``CorruptStreamError`` or
+        ``PredictionMismatchError``, from the entry or from ``accept``: a corrupt entry) or
+        unreadable (``StoreError``); the blocks before it are kept, counted as hits, and used."""
+        out: list[T] = []
+        for b in range(start, len(keys)):
+            try:
+                raw = self.backend.get(keys[b])
+                if raw is None:
+                    self._stats["misses"] += 1
+                    break
+                out.append(accept(b, unpack_entry(raw, keys[b])))
+            except (CorruptStreamError, PredictionMismatchError, StoreError) as e:
+                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
+                break
+            self._stats["hits"] += 1
+        self._used(keys[: start + len(out)])
+        return out
 
     def _used(self, keys: list[str]) -> None:
         """Tells the backend a chain was used (its least-recently-used order), never failing

@@ -42,7 +42,7 @@ import torch
 
 from ... import _api, _arrays
 from ..._speckv import CorruptStreamError
-from ...store import Backend, StoreError, unpack_entry
+from ...store import Backend
 from .block_chain import BlockChain, prompt_ids
 
 # 2: blocks written by vLLM's connector before it read vLLM's amx layout (2026-12-02) held
@@ -175,33 +175,23 @@ class FreePrefixStore(BlockChain):
         ``decode_layers`` decodes them, a run of layers at a time. A damaged, foreign or
         unreadable entry ends the prefix there (counted); one whose stream turns out damaged
         when decoded is the caller's to report (``damaged``)."""
-        out: list[StoredBlock] = []
-        shape: tuple[int, ...] | None = None
         want = DTYPES[self.dtype]
+        shapes: list[tuple[int, ...]] = []
+
+        def accept(b: int, entry: bytes) -> StoredBlock:
+            if entry[:KEY_BYTES] != bytes.fromhex(keys[b]):
+                raise CorruptStreamError("stored block: written for another prefix")
+            data = entry[KEY_BYTES:]
+            dtype_name, got, chunk = self._header(data)
+            if dtype_name != _DTYPE_NAMES[want] or len(got) != 5 or got[1] != 2 or got[3] != self.block_size:
+                raise CorruptStreamError(f"stored block: {dtype_name} {list(got)}, not this store's")
+            if shapes and got != shapes[0]:
+                raise CorruptStreamError("stored block: another shape than the blocks before it")
+            shapes.append(got)
+            return StoredBlock(data, got, chunk)
+
         keys = self.keys(input_ids)
-        for key in keys[start:]:
-            try:
-                raw = self.backend.get(key)
-                if raw is None:
-                    self._stats["misses"] += 1
-                    break
-                entry = unpack_entry(raw, key)
-                if entry[:KEY_BYTES] != bytes.fromhex(key):
-                    raise CorruptStreamError("stored block: written for another prefix")
-                data = entry[KEY_BYTES:]
-                dtype_name, got, chunk = self._header(data)
-                if dtype_name != _DTYPE_NAMES[want] or len(got) != 5 or got[1] != 2 or got[3] != self.block_size:
-                    raise CorruptStreamError(f"stored block: {dtype_name} {list(got)}, not this store's")
-                if shape is not None and got != shape:
-                    raise CorruptStreamError("stored block: another shape than the blocks before it")
-            except (CorruptStreamError, StoreError) as e:
-                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
-                break
-            shape = got
-            self._stats["hits"] += 1
-            out.append(StoredBlock(data, got, chunk))
-        self._used(keys[: start + len(out)])
-        return out
+        return self._read_chain(keys, accept, start)
 
     def decode_layers(self, block: StoredBlock, lo: int, hi: int) -> np.ndarray:
         """Layers ``lo:hi`` of a block from ``read_blocks``: ``[hi - lo, 2, kv_heads,

@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-from ..._speckv import CorruptStreamError, PredictionMismatchError
-from ...store import Backend, StoreError, unpack_entry
+from ...store import Backend
+from ..codec.blocks import BlockCodec
 from ..codec.codec import SpeculativeCodec
 from ..codec.modes import MODES
 from ..codec.modes import dequantize as dequantize_fp8
 from ..models.architecture import UnsupportedModelError, layer_windows, text_config
-from ..models.cache import build_cache, cache_argument, restore_device
+from ..models.cache import KV, build_cache, cache_argument, restore_device
 from ..predictors.base import ChannelStatsPredictor, describe
 from ..predictors.early_exit import ModelPrefixPredictor, PrefixState
 from .block_chain import BlockChain, chain_keys
@@ -76,7 +76,7 @@ class PrefixStore(BlockChain):
         identity = {
             "format": STORE_FORMAT,
             "model": codec.fingerprint,
-            "calibration": codec._calibration().digest(),
+            "calibration": codec.require_calibration().digest(),
             "predictor": describe(codec.predictor),
             "dtype": dtype,
             "block_size": int(block_size),
@@ -85,13 +85,10 @@ class PrefixStore(BlockChain):
             identity["scope"] = scope
         super().__init__(backend, block_size, identity)
         self.codec = codec
-        # the model's prefix walks the blocks in order, carrying its state; per-channel
-        # statistics predict a block from nothing (None: no state to carry)
-        self._walker = codec.predictor if isinstance(codec.predictor, ModelPrefixPredictor) else None
         self.dtype = dtype
         self.threads = threads
         # the bins model for 16-bit caches, the exact one for fp8 (`restore_model`)
-        self._model = codec.restore_model(dtype)
+        self.blocks = BlockCodec(codec, dtype, threads=threads, block_size=block_size)
 
     # -- writing -----------------------------------------------------------------------
     def put(self, input_ids: torch.Tensor, cache: Any) -> int:
@@ -100,7 +97,7 @@ class PrefixStore(BlockChain):
         ends the storing there (counted in ``stats()["store_errors"]``): the blocks after a
         block that could not be stored are not stored either."""
         ids = _ids(input_ids)
-        kv = self.codec._check_cache(cache)
+        kv = self.codec.check_cache(cache)
         seq = max(k.shape[2] for k, _ in kv)
         for layer, (k, _) in enumerate(kv):
             if k.shape[2] < seq:
@@ -111,20 +108,17 @@ class PrefixStore(BlockChain):
                 )
         if seq < ids.shape[1] - ids.shape[1] % self.block_size:
             raise ValueError(f"cache: {seq} tokens, fewer than input_ids' whole blocks")
-        walker = self._walker
+        # a walking predictor's state over the blocks before the one being coded
         state = PrefixState()
+        b_size = self.block_size
 
         def stored_already(b: int) -> None:
-            # the predictor still walks a stored block, to carry its state on
-            if walker is not None:
-                walker.prefix(ids[:, b * self.block_size : (b + 1) * self.block_size], _ignore, state)
+            self.blocks.skip(ids[:, b * b_size : (b + 1) * b_size], state)
 
         def code(b: int, key: str) -> bytes:
-            start, end = b * self.block_size, (b + 1) * self.block_size
+            start, end = b * b_size, (b + 1) * b_size
             block = [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
-            run = walker.start(ids[:, start:end], state) if walker is not None else None
-            pred = self.codec._predictions(block, ids[:, start:end], self.dtype, run=run)
-            return self.codec._encode(block, ids[:, :end], pred, self.dtype, self.threads, self._model, self.block_size)
+            return self.blocks.encode(block, ids[:, :end], start, state)
 
         return self._put_chain(ids, code, stored_already)
 
@@ -140,7 +134,7 @@ class PrefixStore(BlockChain):
         if not n:
             return None, 0
         if self.dtype == "fp8" and dequantize:
-            scales = self.codec._calibration().fp8_scales
+            scales = self.codec.require_calibration().fp8_scales
             kv = [dequantize_fp8(k, v, float(scales[i, 0]), float(scales[i, 1])) for i, (k, v) in enumerate(kv)]
         return build_cache(kv), n
 
@@ -151,30 +145,13 @@ class PrefixStore(BlockChain):
         (fp8 as stored), for engines with caches of their own; ``([], 0)`` if none."""
         target = restore_device(device, input_ids)
         ids = _ids(input_ids)
-        walker = self._walker
         state = PrefixState()
-        blocks: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
-        keys = self.keys(ids)
-        for b, key in enumerate(keys):
+
+        def decoded(b: int, data: bytes) -> KV:
             end = (b + 1) * self.block_size
-            block_ids = ids[:, end - self.block_size : end]
-            try:
-                raw = self.backend.get(key)
-                if raw is None:
-                    self._stats["misses"] += 1
-                    break
-                data = unpack_entry(raw, key)
-                self.codec._check(self.codec.read_header(data).metadata, ids[:, :end])
-                run = walker.start(block_ids, state) if walker is not None else None
-                _, layers = self.codec._decode(data, ids[:, :end], None, self.threads, None, None, run)
-            except (CorruptStreamError, PredictionMismatchError, StoreError) as e:
-                # an unreadable entry ends the prefix as a damaged one does: the blocks before
-                # it are still served
-                self._stats["corrupt_entries" if not isinstance(e, StoreError) else "store_errors"] += 1
-                break
-            self._stats["hits"] += 1
-            blocks.append(layers)
-        self._used(keys[: len(blocks)])
+            return self.blocks.decode(data, ids[:, :end], end - self.block_size, state)
+
+        blocks = self._read_chain(self.keys(ids), decoded)
         if not blocks:
             return [], 0
         n_layers = len(blocks[0])
@@ -212,10 +189,6 @@ class PrefixStore(BlockChain):
             # the cache holds every token but the last one generated
             self.put(sequences[:, :-1], made)
         return sequences
-
-
-def _ignore(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    pass
 
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "PrefixStore", "chain_keys"]

@@ -1,32 +1,65 @@
-"""The connector's scheduler side: prompts matched against the tier's index, a request held back
-while a save of its prefix is on its way, and each step's loads and saves for the workers."""
+"""``ConnectorScheduler``: the connector in vLLM's scheduler process: prompts matched against
+the tier's index, a request held back while a save of its prefix is on its way, and each step's
+loads and saves for the workers."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-)
+from vllm.logger import init_logger
 
+from .context import ConnectorContext
+from .metrics import SideCounters, write_stats
 from .requests import MAX_PENDING_SAVES, SAVE_POLL_S, SpeckvConnectorMetadata, _Load, _Save
-from .state import _ConnectorState
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.request import Request
 
 
-class _SchedulerSide(_ConnectorState):
-    """``SpeckvConnector``'s scheduler methods (vLLM's ``KVConnectorBase_V1`` API); the state
-    they share is set up in ``SpeckvConnector.__init__``."""
+logger = init_logger(__name__)
+
+
+class ConnectorScheduler:
+    """The scheduler's part of vLLM's ``KVConnectorBase_V1`` API (``SpeckvConnector`` hands
+    it the calls): it matches prompts against the tier's index (``has``: no entry read) and
+    tells the workers what to load and what to store."""
+
+    def __init__(self, context: ConnectorContext, kv_transfer_config: Any) -> None:
+        config = context.config
+        self.context = context
+        self.store = context.store(weights=False)
+        self.counters = SideCounters("scheduler", self.store)
+        self._block_size = context.block_size
+        self._save_wait_s = float(config.save_wait_s)
+        # saves asked of the workers, [whole-block tokens, when to stop waiting for them (None
+        # until the step that asked for them has run: the clock starts when the worker has the
+        # blocks, not when the prefill that computes them begins), the step], and requests
+        # waiting for one (request id -> when it began waiting)
+        self._pending_saves: list[list[Any]] = []
+        self._step = 0
+        self._waiting: dict[str, float] = {}
+        # per request: tokens matched; what to load (tokens vLLM had, the matched ids); its
+        # prompt while it is computed, to store once it is
+        self._matched: dict[str, int] = {}
+        self._need_load: dict[str, tuple[int, list[int]]] = {}
+        self._saving: dict[str, dict[str, Any]] = {}
+        if context.memory_tier is not None:
+            atexit.register(shutil.rmtree, context.memory_tier, True)
+        if config.stats_file:
+            atexit.register(self.write_stats)
+        if config.load_failure == "recompute" and kv_transfer_config.kv_load_failure_policy != "recompute":
+            kv_transfer_config.kv_load_failure_policy = "recompute"
+            logger.info("speckv: kv_load_failure_policy set to 'recompute' (a block speckv cannot serve is computed)")
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         ids = list(request.prompt_token_ids or [])
         # vLLM computes at least the prompt's last token itself
         usable = (len(ids) - 1) // self._block_size * self._block_size
-        self._counters["matches"] += 1
+        self.counters.counts["matches"] += 1
         if usable <= num_computed_tokens:
             return 0, False
         n = self.store.match(ids[:usable], read=False)
@@ -36,7 +69,7 @@ class _SchedulerSide(_ConnectorState):
         self._matched[request.request_id] = n
         if n <= num_computed_tokens:
             return 0, False
-        self._counters["tokens_matched"] += n - num_computed_tokens
+        self.counters.counts["tokens_matched"] += n - num_computed_tokens
         self._need_load[request.request_id] = (num_computed_tokens, ids[:n])
         return n - num_computed_tokens, False
 
@@ -55,7 +88,7 @@ class _SchedulerSide(_ConnectorState):
         if len(ids) >= more and any(len(t) >= more and t[:more] == ids[:more] for t, _, _ in self._pending_saves):
             if began is None:
                 self._waiting[req_id] = now
-                self._counters["save_waits"] += 1
+                self.counters.counts["save_waits"] += 1
             return True
         self._stop_waiting(req_id, now)
         return False
@@ -63,13 +96,13 @@ class _SchedulerSide(_ConnectorState):
     def _stop_waiting(self, req_id: str, now: float) -> None:
         began = self._waiting.pop(req_id, None)
         if began is not None:
-            self._seconds["save_wait_s"] += now - began
+            self.counters.seconds["save_wait_s"] += now - began
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens == 0:
             self._need_load.pop(request.request_id, None)
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: Any) -> SpeckvConnectorMetadata:
         meta = SpeckvConnectorMetadata()
         b = self._block_size
         self._step += 1
@@ -117,3 +150,19 @@ class _SchedulerSide(_ConnectorState):
             table.pop(request.request_id, None)
         self._stop_waiting(request.request_id, time.monotonic())
         return False, None
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's counters (``SideCounters.stats``): prompts and tokens matched."""
+        return self.counters.stats()
+
+    def write_stats(self) -> None:
+        write_stats(self.context.config.stats_file, self.stats())
+
+    def shutdown(self) -> None:
+        """Writes the counters; the engine's RAM tier goes with it."""
+        self.write_stats()
+        if self.context.memory_tier is not None:
+            shutil.rmtree(self.context.memory_tier, ignore_errors=True)
+
+
+__all__ = ["ConnectorScheduler"]

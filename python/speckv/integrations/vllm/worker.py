@@ -1,12 +1,12 @@
-"""The connector's worker side: vLLM's paged buffers registered and their layout detected,
-matched blocks decoded into them (layer by layer for the predictor-free stores), and computed
-blocks copied out and handed to the background saver."""
+"""``ConnectorWorker``: the connector in a vLLM worker: vLLM's paged buffers registered and
+their layout detected, matched blocks decoded into them (layer by layer for the predictor-free
+stores), and computed blocks copied out and handed to the background saver."""
 
 from __future__ import annotations
 
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,20 +14,51 @@ from vllm.logger import init_logger
 
 from ...hf.stores.free_store import FreePrefixStore, StoredBlock
 from ..engine import EngineStore
+from ..layer_loader import LayerLoader
 from ..paged import PagedLayout, UnsupportedLayoutError, host_ready
+from ..saver import BackgroundSaver
+from .context import ConnectorContext
+from .metrics import SideCounters, write_stats
 from .requests import _LAYER, MAX_LOADS_KEPT, SHUTDOWN_DRAIN_S, SpeckvConnectorMetadata, _LayerLoad, _Load
-from .state import _ConnectorState
-
-if TYPE_CHECKING:
-    from vllm.forward_context import ForwardContext
-
 
 logger = init_logger(__name__)
 
 
-class _WorkerSide(_ConnectorState):
-    """``SpeckvConnector``'s worker methods (vLLM's ``KVConnectorBase_V1`` API); the state
-    they share is set up in ``SpeckvConnector.__init__``."""
+class ConnectorWorker:
+    """A worker's part of vLLM's ``KVConnectorBase_V1`` API (``SpeckvConnector`` hands it the
+    calls, with the step's ``SpeckvConnectorMetadata``)."""
+
+    def __init__(self, context: ConnectorContext) -> None:
+        config = context.config
+        self.context = context
+        self.store = context.store(weights=True)
+        self._block_size = context.block_size
+        self._dtype = context.dtype
+        # restores layer by layer: the predictor-free stores (the package's docs)
+        self._loader: LayerLoader | None = LayerLoader() if config.layer_loads else None
+        self._layer_loads: list[_LayerLoad] = []
+        # the background saver codes with a store of its own (its own predictor state), on the
+        # same backend: loads never wait for a save's codec
+        self._saver: BackgroundSaver | None = None
+        self._saving_store: EngineStore | None = None
+        if config.save_queue:
+            self._saving_store = context.store(weights=True, backend=self.store.backend, threads=config.save_threads)
+            self._saver = BackgroundSaver(
+                self.save_now, depth=config.save_queue, max_bytes=config.save_backlog, nice=config.save_nice
+            )
+        self.counters = SideCounters("worker", self.store, self._saver)
+        self.counters.saving_store = self._saving_store
+        # per load: request id, tokens vLLM had, tokens matched, tokens served (stats_file)
+        self._loads: list[list[Any]] = []
+        # vLLM's buffers by layer, their names, and their layout (``register_kv_caches``)
+        self.caches: dict[int, torch.Tensor] = {}
+        self._names: dict[str, int] = {}
+        self.layout: PagedLayout | None = None
+        # per request, per layer: its blocks copied out of vLLM's buffer (PagedLayout.copy_blocks)
+        self.captured: dict[str, dict[int, torch.Tensor]] = {}
+        self._load_errors: set[int] = set()
+        self._unusable: str | None = None
+        self._scales_checked = False
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         from vllm.platforms import current_platform
@@ -46,19 +77,19 @@ class _WorkerSide(_ConnectorState):
                 isa=self._attention_isa(name, dim) if platform == "cpu" else "",
                 backend=self._attention_backend(name) if platform != "cpu" else "",
             )
-            self._layout = self._layout or layout
-            self._caches[layer] = buffer
+            self.layout = self.layout or layout
+            self.caches[layer] = buffer
             self._names[name] = layer
-        if sorted(self._caches) != list(range(n_layers)):
+        if sorted(self.caches) != list(range(n_layers)):
             raise UnsupportedLayoutError(
-                f"SpeckvConnector: vLLM registered KV caches of layers {sorted(self._caches)}, "
+                f"SpeckvConnector: vLLM registered KV caches of layers {sorted(self.caches)}, "
                 f"the model has {n_layers} layers"
             )
 
     def _attention_backend(self, layer_name: str) -> str:
         """The name of the attention backend vLLM runs ``layer_name`` with on a GPU
         (``AttentionBackend.get_name()``: it decides how a block is laid out)."""
-        attn = self._vllm_config.compilation_config.static_forward_context.get(layer_name)
+        attn = self.context.vllm_config.compilation_config.static_forward_context.get(layer_name)
         backend = getattr(attn, "attn_backend", None)
         return str(backend.get_name()) if backend is not None else "unknown"
 
@@ -66,20 +97,20 @@ class _WorkerSide(_ConnectorState):
         """The kernel ("ISA") vLLM's CPU attention runs ``layer_name`` with: it decides how a
         block is laid out (``speckv.integrations.paged``). Read off the layer, where vLLM's
         metadata builder set it, else asked of vLLM as that builder asks."""
-        attn = self._vllm_config.compilation_config.static_forward_context.get(layer_name)
+        attn = self.context.vllm_config.compilation_config.static_forward_context.get(layer_name)
         isa = getattr(attn, "isa", None)
         if isa is None:
             from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
             isa = _get_attn_isa(
-                self._vllm_config.model_config.dtype,
+                self.context.vllm_config.model_config.dtype,
                 self._block_size,
                 head_dim,
-                self._vllm_config.cache_config.cache_dtype,
+                self.context.vllm_config.cache_config.cache_dtype,
             )
         return str(isa)
 
-    def _view(self, buffer: torch.Tensor) -> torch.Tensor:
+    def view(self, buffer: torch.Tensor) -> torch.Tensor:
         """The buffer in the cache's own dtype (vLLM's fp8 buffers are uint8)."""
         return buffer.view(self._dtype) if buffer.dtype != self._dtype else buffer
 
@@ -98,16 +129,14 @@ class _WorkerSide(_ConnectorState):
     def _fp8_scales(self) -> list[tuple[float, float]]:
         if self.store.dtype != "fp8":
             return []
-        layers = self._vllm_config.compilation_config.static_forward_context
+        layers = self.context.vllm_config.compilation_config.static_forward_context
         scales: dict[int, tuple[float, float]] = {}
         for name, layer in self._names.items():
             attn = layers.get(name)
             scales[layer] = (float(getattr(attn, "_k_scale_float", 1.0)), float(getattr(attn, "_v_scale_float", 1.0)))
         return [scales[i] for i in sorted(scales)]
 
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, SpeckvConnectorMetadata)
+    def start_load_kv(self, meta: SpeckvConnectorMetadata) -> None:
         self._finish_layer_loads()  # a step whose end we did not see (never, as vLLM runs)
         if self._loader is not None:
             self._start_layer_loads(meta.loads)
@@ -116,14 +145,14 @@ class _WorkerSide(_ConnectorState):
         start = time.perf_counter()
         for load in meta.loads:
             served = load.first
-            if self._usable() and load.token_ids and self._layout is not None:
+            if self._usable() and load.token_ids and self.layout is not None:
                 try:
                     kv, n = self.store.load(load.token_ids)
                     served = max(load.first, n // b)
                     for layer, (k, v) in enumerate(kv):
                         lo, hi = load.first * b, served * b
-                        self._layout.write(
-                            self._view(self._caches[layer]),
+                        self.layout.write(
+                            self.view(self.caches[layer]),
                             load.block_ids[load.first : served],
                             k[:, :, lo:hi].contiguous(),
                             v[:, :, lo:hi].contiguous(),
@@ -133,17 +162,17 @@ class _WorkerSide(_ConnectorState):
                     served = load.first
             self._loaded(load, served)
         if meta.loads:
-            self._seconds["load_s"] += time.perf_counter() - start
+            self.counters.seconds["load_s"] += time.perf_counter() - start
 
     def _loaded(self, load: _Load, served: int) -> None:
         """Counts a load that served blocks ``load.first:served`` and reports the rest of its
         blocks as failed (vLLM computes them)."""
         b = self._block_size
-        self._counters["tokens_loaded"] += (served - load.first) * b
+        self.counters.counts["tokens_loaded"] += (served - load.first) * b
         if len(self._loads) < MAX_LOADS_KEPT:
             self._loads.append([load.req_id, load.first * b, len(load.block_ids) * b, served * b])
         failed = load.block_ids[served:]
-        self._counters["blocks_failed"] += len(failed)
+        self.counters.counts["blocks_failed"] += len(failed)
         if failed:
             self.store.fault(
                 "partial",
@@ -159,21 +188,21 @@ class _WorkerSide(_ConnectorState):
         start = time.perf_counter()
         for load in loads:
             blocks: list[StoredBlock] = []
-            if self._usable() and load.token_ids and self._layout is not None:
+            if self._usable() and load.token_ids and self.layout is not None:
                 blocks = self.store.read_blocks(load.token_ids, start=load.first)
             self._layer_loads.append(_LayerLoad(load, blocks, load.first + len(blocks)))
         if any(job.blocks for job in self._layer_loads):
-            self._loader.start(len(self._caches), self._restore_layer)
-        self._seconds["load_s"] += time.perf_counter() - start
+            self._loader.start(len(self.caches), self._restore_layer)
+        self.counters.seconds["load_s"] += time.perf_counter() - start
 
     def _restore_layer(self, layer: int) -> None:
         """On the loader's thread: layer ``layer`` of every block read, decoded and written
         into vLLM's buffer (numpy and the core alone). A block whose layer is damaged ends its
         request's served blocks there."""
-        assert self._layout is not None
+        assert self.layout is not None
         prefix = self.store.prefix
         assert isinstance(prefix, FreePrefixStore)
-        buffer = self._view(self._caches[layer])
+        buffer = self.view(self.caches[layer])
         for job in self._layer_loads:
             n = job.served - job.load.first
             words = []
@@ -188,7 +217,7 @@ class _WorkerSide(_ConnectorState):
             job.served = job.load.first + n
             if n:
                 ids = job.load.block_ids[job.load.first : job.served]
-                self._layout.put(buffer, ids, self._layout.pack(np.stack(words)))
+                self.layout.put(buffer, ids, self.layout.pack(np.stack(words)))
 
     def _finish_layer_loads(self) -> None:
         """Waits for the loader's job and counts what each load served; an exception that
@@ -206,52 +235,48 @@ class _WorkerSide(_ConnectorState):
         if self._loader is not None and layer_name in self._names:
             self._loader.wait(self._names[layer_name])
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, SpeckvConnectorMetadata)
-        if not meta.saves or self._layout is None or layer_name not in self._names:
+    def save_kv_layer(self, meta: SpeckvConnectorMetadata, layer_name: str, kv_layer: torch.Tensor) -> None:
+        if not meta.saves or self.layout is None or layer_name not in self._names:
             return
         layer = self._names[layer_name]
         start = time.perf_counter()
         for save in meta.saves:
             try:
-                blocks = self._layout.copy_blocks(self._view(kv_layer), save.block_ids)
+                blocks = self.layout.copy_blocks(self.view(kv_layer), save.block_ids)
             except Exception as e:
                 self.store.fault(f"read:{type(e).__name__}", f"reading blocks to store failed: {e}")
                 continue
-            self._captured.setdefault(save.req_id, {})[layer] = blocks
-        self._seconds["save_copy_s"] += time.perf_counter() - start
+            self.captured.setdefault(save.req_id, {})[layer] = blocks
+        self.counters.seconds["save_copy_s"] += time.perf_counter() - start
 
-    def wait_for_save(self) -> None:
+    def wait_for_save(self, meta: SpeckvConnectorMetadata) -> None:
         self._finish_layer_loads()
-        if not self._captured:
+        if not self.captured:
             return
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, SpeckvConnectorMetadata)
-        captured, self._captured = self._captured, {}
+        captured, self.captured = self.captured, {}
         if not self._usable():
             return
         # from a GPU, copy_blocks queued the copies to the host: they must land before the
         # saver's thread reads them (the step's forward pass is over by now)
-        host_ready(next(iter(self._caches.values())).device)
+        host_ready(next(iter(self.caches.values())).device)
         for save in meta.saves:
             layers = captured.get(save.req_id, {})
-            if sorted(layers) != sorted(self._caches):
+            if sorted(layers) != sorted(self.caches):
                 continue  # a layer could not be read: nothing stored, a later miss
             blocks = [layers[i] for i in sorted(layers)]
             if self._saver is not None:
                 self._saver.submit(save.token_ids, blocks, nbytes=sum(b.numel() * b.element_size() for b in blocks))
             else:
-                self._save_now(save.token_ids, blocks, self.store)
+                self.save_now(save.token_ids, blocks, self.store)
 
-    def _save_now(self, token_ids: list[int], blocks: list[torch.Tensor], store: EngineStore | None = None) -> int:
+    def save_now(self, token_ids: list[int], blocks: list[torch.Tensor], store: EngineStore | None = None) -> int:
         """Stores one request's blocks (per layer, as ``copy_blocks`` copied them): on the
         saver's thread unless the queue is off. The layout is undone with numpy alone: torch's
         thread pool is the engine's, and a second thread entering it contends for the cores."""
-        assert self._layout is not None
+        assert self.layout is not None
         store = store or self._saving_store
         assert store is not None
-        kv = [self._layout.split(b.numpy()) for b in blocks]
+        kv = [self.layout.split(b.numpy()) for b in blocks]
         return store.save(token_ids, kv)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -259,11 +284,22 @@ class _WorkerSide(_ConnectorState):
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def stats(self) -> dict[str, Any]:
+        """The worker's counters (``SideCounters.stats``): tokens loaded, blocks that failed,
+        the loader's time, the saver's, and every load (``MAX_LOADS_KEPT`` at most)."""
+        if self._loader is not None:
+            self.counters.seconds["layer_wait_s"] = self._loader.waited_s
+            self.counters.seconds["loader_busy_s"] = self._loader.busy_s
+        return {**self.counters.stats(), "loads": list(self._loads)}
+
+    def write_stats(self) -> None:
+        write_stats(self.context.config.stats_file, self.stats())
+
     def shutdown(self) -> None:
         """Finishes the queued saves (at most ``SHUTDOWN_DRAIN_S``), then writes the counters
         (``stats_file``): once before the drain too, and whatever the drain raised, so that a
         worker vLLM kills mid-drain (5 s after its SIGTERM) still leaves them."""
-        self._write_stats()
+        self.write_stats()
         try:
             self._finish_layer_loads()
             if self._loader is not None:
@@ -271,6 +307,9 @@ class _WorkerSide(_ConnectorState):
             if self._saver is not None and not self._saver.close(SHUTDOWN_DRAIN_S):
                 logger.warning("speckv: %d saves were still queued at shutdown (not stored)", self._saver.pending())
         finally:
-            self._write_stats()
-            if self._memory_tier is not None:  # the engine is going: so is its RAM tier (the
-                shutil.rmtree(self._memory_tier, ignore_errors=True)  # scheduler's atexit may not run)
+            self.write_stats()
+            if self.context.memory_tier is not None:  # the engine is going: so is its RAM tier
+                shutil.rmtree(self.context.memory_tier, ignore_errors=True)  # (the scheduler's atexit may not run)
+
+
+__all__ = ["ConnectorWorker"]
