@@ -82,13 +82,13 @@ def _kernel_times(fn) -> dict[str, float] | str:
 
 
 def _coder(layers: int, tokens: int, device: str = "cuda") -> list[dict]:
-    """The GPU coder (``speckv.hf.cuda.encode``) on a synthetic K cache of the demo model's shape
+    """The GPU coder (``speckv.cuda.encode``) on a synthetic K cache of the demo model's shape
     in both storage modes and at three chunk sizes, against ``speckv.encode`` on the host (every
     core), with the bytes compared."""
     import torch
 
     import speckv
-    import speckv.hf.cuda
+    import speckv.cuda
 
     g = torch.Generator(device=device).manual_seed(1)
     shape = (layers, 1, 3, tokens, 64)
@@ -104,17 +104,17 @@ def _coder(layers: int, tokens: int, device: str = "cuda") -> list[dict]:
     rows = []
     for mode in ("bf16", "fp8", "bf16 joint"):
         if mode == "fp8":
-            x, mu, s = speckv.hf.cuda.fp8_quantize(true, scale), speckv.hf.cuda.coding_mu(pred, scale), sigma / scale
+            x, mu, s = speckv.cuda.fp8_quantize(true, scale), speckv.cuda.coding_mu(pred, scale), sigma / scale
         else:
             x, mu, s = true.to(torch.bfloat16), pred.to(torch.bfloat16).float(), sigma
-        codes = speckv.hf.cuda.sigma_codes(s).expand(shape)
+        codes = speckv.cuda.sigma_codes(s).expand(shape)
         with_joint = joint if mode.endswith("joint") else None
         if with_joint is not None:  # channel-major
             x, mu, codes = (a.transpose(-1, -2).contiguous() for a in (x, mu, codes))
         host = (x.cpu(), mu.cpu(), codes.cpu())
         layer = 3 * tokens * 64
         for chunk in (2 * layer, 16384, 4096) if with_joint is None else (2 * layer, layer):
-            encode = functools.partial(speckv.hf.cuda.encode, x, mu, codes, chunk_size=chunk, joint=with_joint)
+            encode = functools.partial(speckv.cuda.encode, x, mu, codes, chunk_size=chunk, joint=with_joint)
             data = encode()
             gpu_s = _time(encode, repeat=5, device=device)
             t0 = time.perf_counter()
@@ -148,8 +148,8 @@ def demo_traffic(text: str) -> dict:
     model's caches (see the module's notes)."""
     from speckv import container
     from speckv.cli.calibration_cache import calibrated_codec
-    from speckv.hf.models.cache import other_kernels
-    from speckv.hf.models.demo import bundled_text, load_demo_model, prompts
+    from speckv.models.cache import other_kernels
+    from speckv.models.demo import bundled_text, load_demo_model, prompts
 
     settings = argparse.Namespace(
         calibration=None,
@@ -192,8 +192,8 @@ def _kernels(n: int, device: str = "cuda") -> tuple[float, list[dict]]:
     throughput on ``n`` scalars, as GB/s and as a fraction of the copy."""
     import torch
 
-    import speckv.hf.cuda
-    from speckv.hf.predictors.calibration import fp8_quantize
+    import speckv.cuda
+    from speckv.predictors.calibration import fp8_quantize
 
     g = torch.Generator(device=device).manual_seed(0)
     pred = torch.randn(n // 64, 64, device=device, generator=g, dtype=torch.float32)
@@ -210,14 +210,14 @@ def _kernels(n: int, device: str = "cuda") -> tuple[float, list[dict]]:
         rows.append({"kernel": name, "seconds": s, "gb_per_s": gbs, "of_copy": gbs / copy_gbs})
 
     true32 = true.float()
-    add("fp8_quantize (f32 -> e4m3)", lambda: speckv.hf.cuda.fp8_quantize(true32, 0.0123), 5 * n)
-    add("coding_mu (fp8: / scale * gain)", lambda: speckv.hf.cuda.coding_mu(pred, 0.0123, gain), 8 * n)
-    add("sigma_codes (f32 -> i16)", lambda: speckv.hf.cuda.sigma_codes(sigma), 6 * n)
+    add("fp8_quantize (f32 -> e4m3)", lambda: speckv.cuda.fp8_quantize(true32, 0.0123), 5 * n)
+    add("coding_mu (fp8: / scale * gain)", lambda: speckv.cuda.coding_mu(pred, 0.0123, gain), 8 * n)
+    add("sigma_codes (f32 -> i16)", lambda: speckv.cuda.sigma_codes(sigma), 6 * n)
     # calibration statistics: a [1, 4, tokens, 64] cache with its predictions, exact sums
     cache = true32.reshape(1, 4, -1, 64)
     p8, q = pred.reshape(cache.shape), fp8_quantize(cache.cpu(), 0.0123).float().to(device)
     stats = (cache, pred.reshape(cache.shape), p8, q, 0.0123)
-    add("channel_sums (4 x f32 -> exact sums)", lambda: speckv.hf.cuda.channel_sums(*stats), 16 * n)
+    add("channel_sums (4 x f32 -> exact sums)", lambda: speckv.cuda.channel_sums(*stats), 16 * n)
     return copy_gbs, rows
 
 
@@ -225,12 +225,12 @@ def _calibration(layers: int, tokens: int, samples: int, device: str) -> float:
     """Seconds to calibrate a randomly initialised model of the demo model's shape
     (SmolLM2-135M: hidden 576, 9 heads, 3 KV heads of 64; ``layers`` layers) with the fp8
     predictor on ``samples`` prompts of ``tokens`` random tokens, model and predictor on
-    ``device`` (statistics summed there: ``speckv.hf.cuda.channel_sums``)."""
+    ``device`` (statistics summed there: ``speckv.cuda.channel_sums``)."""
     import torch
     import transformers
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.predictors.calibration import calibrate
+    from speckv.predictors.calibration import calibrate
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
@@ -261,10 +261,10 @@ def run(n: int, layers: int, tokens: int, device: str = "cuda", samples: int = 8
     """Every figure of the GPU benchmark (see the module's notes), printed and returned."""
     import torch
 
-    import speckv.hf.cuda
+    import speckv.cuda
 
     t0 = time.perf_counter()
-    speckv.hf.cuda.coding_mu(torch.zeros(64, device=device))  # compiles (or loads the cached cubins)
+    speckv.cuda.coding_mu(torch.zeros(64, device=device))  # compiles (or loads the cached cubins)
     first_use = time.perf_counter() - t0
     copy_gbs, rows = _kernels(n, device)
     coder = _coder(layers, tokens, device)
@@ -334,9 +334,9 @@ def main() -> None:
     if args.traffic:
         report = demo_traffic(args.traffic)
     else:
-        import speckv.hf.cuda
+        import speckv.cuda
 
-        if not speckv.hf.cuda.available():
+        if not speckv.cuda.available():
             sys.exit("bench_cuda: no CUDA device (or no cuda-bindings): nothing to measure")
         report = run(args.scalars, args.layers, args.tokens)
     if args.json:

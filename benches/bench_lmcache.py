@@ -16,9 +16,9 @@ import time
 import torch
 
 from speckv.hf import bundled_text, load_demo_model
-from speckv.hf.models.cache import prefill
-from speckv.hf.models.demo import prompts
 from speckv.integrations.lmcache import chunk_of, decode_chunk, encode_chunk, fit_stats
+from speckv.models.cache import prefill
+from speckv.models.demo import prompts
 
 
 def main() -> None:

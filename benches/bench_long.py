@@ -24,9 +24,9 @@ import torch
 from speckv.cli import build_parser
 from speckv.cli.calibration_cache import calibrated_codec
 from speckv.hf import extract_kv, load_demo_model, load_model
-from speckv.hf.models.cache import other_kernels, prefill
-from speckv.hf.models.demo import bundled_text
-from speckv.hf.predictors.calibration import fp8_quantize
+from speckv.models.cache import other_kernels, prefill
+from speckv.models.demo import bundled_text
+from speckv.predictors.calibration import fp8_quantize
 
 
 def rss() -> int:

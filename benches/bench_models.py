@@ -29,9 +29,9 @@ from speckv.cli.calibration_cache import calibrated_codec
 from speckv.cli.evaluation import evaluate_args
 from speckv.cli.predictor_spec import make_predictor
 from speckv.hf import load_demo_model, load_model
-from speckv.hf.models.demo import bundled_text, prompts
-from speckv.hf.predictors import cost
-from speckv.hf.predictors.early_exit import ModelPrefixPredictor
+from speckv.models.demo import bundled_text, prompts
+from speckv.predictors import cost
+from speckv.predictors.early_exit import ModelPrefixPredictor
 
 DEFAULT_PREDICTORS = "stats,map,map+hidden,prefix:{third},prefix,fp8-bf16"
 # the early-exit frontier of F. Finn, "Speculative KV coding II" (a draft post; Qwen3-8B, ideal
@@ -47,7 +47,7 @@ def fetched_models() -> list[Path]:
 
 def predictor_flops(predictor: Any, config: Any, tokens: int) -> float:
     """FLOPs of a predictor's work on one prompt, as a share of a recompute (every layer, the
-    last token's logits; ``speckv.hf.predictors.cost``)."""
+    last token's logits; ``speckv.predictors.cost``)."""
     return cost.predictor_flops(predictor, config, tokens) / cost.recompute_flops(config, tokens)
 
 

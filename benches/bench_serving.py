@@ -65,7 +65,7 @@ from vllm_driver import Engine  # noqa: E402
 CODECS = ("raw", "none", "stats", "map")
 FREE = {"raw", "none"}
 # what a raw tier stores per block beyond its scalars (entry header, key, raw header: see
-# speckv.store and speckv.hf.stores.free_store), counted at the smallest block vLLM uses (16
+# speckv.store and speckv.prefix.free_store), counted at the smallest block vLLM uses (16
 # tokens), so that budget 1.0 holds the raw working set whole at any block size
 RAW_ENTRY_OVERHEAD = 24 + 16 + 24
 SMALLEST_BLOCK = 16
@@ -263,7 +263,7 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
-    from speckv.hf.models.demo import bundled_text
+    from speckv.models.demo import bundled_text
 
     text = Path(args.text).read_text(encoding="utf-8") if args.text else bundled_text("evaluation")
     extra: dict[str, Any] = {"prefix_caching": args.vllm_prefix_caching}

@@ -21,8 +21,8 @@ import torch
 
 from speckv.cli.calibration_cache import calibrated_codec
 from speckv.hf import PrefixStore, bundled_text, extract_kv, load_demo_model
-from speckv.hf.models.cache import other_kernels
-from speckv.hf.predictors.calibration import fp8_quantize
+from speckv.models.cache import other_kernels
+from speckv.predictors.calibration import fp8_quantize
 from speckv.store import DirectoryBackend, MemoryBackend
 
 

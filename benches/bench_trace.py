@@ -61,8 +61,8 @@ def payload_pool(windows: int) -> list[np.ndarray]:
     model's K and V of each layer, ``[2, heads, 512, dim]`` bf16 bits."""
     import torch
 
-    from speckv.hf.models.cache import prefill
-    from speckv.hf.models.demo import bundled_text, load_demo_model, prompts
+    from speckv.models.cache import prefill
+    from speckv.models.demo import bundled_text, load_demo_model, prompts
 
     model, tokenizer = load_demo_model()
     ids = prompts(tokenizer, bundled_text("evaluation") + bundled_text("legal"), BLOCK_TOKENS, count=windows)

@@ -45,7 +45,7 @@ MODELS = {
 
 
 def _folder(name: str, models_dir: Path, cache: Path) -> Path:
-    from speckv.hf.models.demo import export_folder
+    from speckv.models.demo import export_folder
 
     out = cache / f"{name}-hf"
     if not (out / "config.json").exists():
@@ -97,7 +97,7 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
-    from speckv.hf.models.demo import bundled_text
+    from speckv.models.demo import bundled_text
 
     results = []
     for name in args.models.split(","):

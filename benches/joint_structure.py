@@ -106,10 +106,10 @@ def measure(text: str, ranks: list[int], samples: int, seq: int, held_out: int) 
     from speckv.cli.common import text as bundled
     from speckv.cli.predictor_spec import make_predictor
     from speckv.hf import load_demo_model
-    from speckv.hf.models.cache import prefill
-    from speckv.hf.models.demo import bundled_text, prompts
-    from speckv.hf.predictors import calibration as calibration_module
-    from speckv.hf.predictors.joint_fit import JOINT_SHRINKAGE, JointFit
+    from speckv.models.cache import prefill
+    from speckv.models.demo import bundled_text, prompts
+    from speckv.predictors import calibration as calibration_module
+    from speckv.predictors.joint_fit import JOINT_SHRINKAGE, JointFit
 
     model, tokenizer = load_demo_model()
     torch.set_num_threads(os.cpu_count() or 1)

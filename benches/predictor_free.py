@@ -145,8 +145,8 @@ def model_cache(
     import ml_dtypes
     import torch
 
-    from speckv.hf.models.cache import prefill
-    from speckv.hf.models.demo import bundled_text, demo_gguf_path, load_model, prompts
+    from speckv.models.cache import prefill
+    from speckv.models.demo import bundled_text, demo_gguf_path, load_model, prompts
 
     model, tokenizer = load_model(path or demo_gguf_path())
     ids = prompts(tokenizer, bundled_text(text), tokens, 1)[0]

@@ -73,8 +73,8 @@ class Phases:
 def instrumented(phases: Phases) -> Iterator[None]:
     """The restore path's functions wrapped with ``phases`` (restored on exit)."""
     from speckv import _api
-    from speckv.hf.codec import coding_params, decode_walk, target
-    from speckv.hf.predictors import early_exit, prefix_run
+    from speckv.codec import coding_params, decode_walk, target
+    from speckv.predictors import early_exit, prefix_run
 
     patches = [
         (_api, "decode", "core decode (joint sums + coder)"),
@@ -244,8 +244,8 @@ def profile(
     from speckv.cli.calibration_cache import calibrated_codec
     from speckv.cli.common import text as bundled
     from speckv.hf import extract_kv, load_demo_model
-    from speckv.hf.models.cache import other_kernels, prefill
-    from speckv.hf.models.demo import prompts
+    from speckv.models.cache import other_kernels, prefill
+    from speckv.models.demo import prompts
 
     model, tokenizer = load_demo_model()
     torch.set_num_threads(os.cpu_count() or 1)

@@ -20,7 +20,7 @@ def demo():
     import torch
 
     from speckv.hf import load_demo_model
-    from speckv.hf.models.demo import bundled_text, prompts
+    from speckv.models.demo import bundled_text, prompts
 
     try:
         model, tokenizer = load_demo_model()
@@ -55,7 +55,7 @@ def _scalars(cache) -> int:
 
 
 def test_prefill(benchmark, demo, rates):
-    from speckv.hf.models.cache import prefill
+    from speckv.models.cache import prefill
 
     model, _, prompt = demo
     cache = benchmark.pedantic(prefill, (model, prompt), rounds=3, warmup_rounds=1)
@@ -67,7 +67,7 @@ def test_restore(benchmark, demo, rates, predictor, coder):
     import torch
 
     from speckv.hf import extract_kv
-    from speckv.hf.models.cache import other_kernels
+    from speckv.models.cache import other_kernels
 
     model, _, prompt = demo
     codec = _codec(demo, predictor)

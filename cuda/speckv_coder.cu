@@ -1,5 +1,5 @@
 // Device kernels over speckv_coder.cuh: a predicted stream's chunks coded on the GPU. The
-// host launches them in this order on one stream (python/speckv/hf/cuda/coder.py: encode):
+// host launches them in this order on one stream (python/speckv/cuda/coder.py: encode):
 //   speckv_joint_params    jointly coded streams only (speckv_joint.cuh): one thread per
 //                          (layer, token), each scalar's conditional mu and sigma code
 //   speckv_exact_symbols   one thread per scalar: each scalar's symbol word

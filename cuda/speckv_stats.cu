@@ -1,4 +1,4 @@
-// The calibration statistics kernel over speckv_stats.cuh (python/speckv/hf/cuda/params.py:
+// The calibration statistics kernel over speckv_stats.cuh (python/speckv/cuda/params.py:
 // channel_sums): one thread per (channel, group of rows), exact sums added atomically. The
 // sums must be zero before the launch.
 #include "speckv_stats.cuh"

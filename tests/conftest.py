@@ -141,13 +141,13 @@ def cuda_host(tmp_path_factory):
 
 @pytest.fixture
 def host_gpu(cuda_host, monkeypatch):
-    """`speckv.hf.cuda.encode` on CPU tensors, its kernels run by the host build
+    """`speckv.cuda.encode` on CPU tensors, its kernels run by the host build
     (``cuda_host.HostModule``; needs torch)."""
     pytest.importorskip("torch")
     from cuda_host import HostModule
 
-    import speckv.hf.cuda
+    import speckv.cuda
 
     module = HostModule(cuda_host)
-    monkeypatch.setattr(speckv.hf.cuda.module, "_module", lambda tensor: (module, 0))
+    monkeypatch.setattr(speckv.cuda.module, "_module", lambda tensor: (module, 0))
     return module

@@ -239,7 +239,7 @@ def test_redis_maxmemory_is_the_budget_and_a_hole_ends_a_prefix(small_redis):
     its own clock, middle blocks included; every prefix served is exact, a hole ends it, and
     the holes are counted."""
     torch = pytest.importorskip("torch")
-    from speckv.hf.stores.free_store import FreePrefixStore
+    from speckv.prefix.free_store import FreePrefixStore
 
     backend = RedisBackend(small_redis, prefix="budget:")
     store = FreePrefixStore("m", backend, block_size=16, dtype="bf16", coding="raw")

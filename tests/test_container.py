@@ -24,9 +24,9 @@ from test_layerwise import WORDS, assert_same  # noqa: E402
 
 import speckv  # noqa: E402
 from speckv import container  # noqa: E402
+from speckv.codec import encode_walk  # noqa: E402
 from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
-from speckv.hf.codec import encode_walk  # noqa: E402
-from speckv.hf.models.cache import other_kernels, prefill  # noqa: E402
+from speckv.models.cache import other_kernels, prefill  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import xxhash
 
 pytest.importorskip("torch")  # speckv.hf, the CUDA module's package, imports torch
 import speckv  # noqa: E402
-import speckv.hf.cuda  # noqa: E402
+import speckv.cuda  # noqa: E402
 from speckv import _speckv  # noqa: E402
 
 DTYPES = {
@@ -77,7 +77,7 @@ def _torch(x: np.ndarray):
 
 def _host_encode(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes:
     torch = pytest.importorskip("torch")
-    return speckv.hf.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
+    return speckv.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
 
 
 def _want(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes:
@@ -118,7 +118,7 @@ def test_host_build_codes_shapes_and_broadcast_codes(host_gpu, monkeypatch):
     for chunk in (4096, 3 * 50 * 64):
         assert _host_encode(x, mu, codes, chunk) == _want(x, mu, codes, chunk)
     # rounds of a few chunks each (ROUND_SCALARS), as a large cache is coded
-    monkeypatch.setattr(speckv.hf.cuda.coder, "ROUND_SCALARS", 3 * 4096 + 5)
+    monkeypatch.setattr(speckv.cuda.coder, "ROUND_SCALARS", 3 * 4096 + 5)
     before = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)
     assert _host_encode(x, mu, codes, 4096) == _want(x, mu, codes, 4096)
     assert sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches) - before == 2
@@ -151,19 +151,19 @@ def test_host_build_tables_are_built_once_across_threads(host_gpu, monkeypatch):
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    real, calls = speckv.hf.cuda.exact_tables, []
+    real, calls = speckv.cuda.exact_tables, []
 
     def slow(name, *pointers):  # widens the window in which a second thread would build its own
         calls.append(name)
         time.sleep(0.05)
         return real(name, *pointers)
 
-    monkeypatch.setattr(speckv.hf.cuda.coder, "exact_tables", slow)
+    monkeypatch.setattr(speckv.cuda.coder, "exact_tables", slow)
     start = threading.Barrier(4)
 
     def build(_):
         start.wait()
-        raw, sigmas, values = speckv.hf.cuda.coder._device_tables(host_gpu, "bfloat16", "cpu")
+        raw, sigmas, values = speckv.cuda.coder._device_tables(host_gpu, "bfloat16", "cpu")
         return raw.tobytes(), sigmas.data_ptr(), values.data_ptr()
 
     with ThreadPoolExecutor(4) as pool:
@@ -204,7 +204,7 @@ def test_host_build_codes_the_joint_model_as_the_rust_encoder(host_gpu, name, sc
         args = (_torch(x), torch.from_numpy(mu), torch.from_numpy(codes))
         for chunk in (channels * tokens, 2 * channels * tokens, layers * channels * tokens):
             want = speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=chunk, joint=joint)
-            got, residuals = speckv.hf.cuda.encode_joint(*args, joint, chunk_size=chunk)
+            got, residuals = speckv.cuda.encode_joint(*args, joint, chunk_size=chunk)
             assert got == want, f"{name} {scale} outside {outside} chunks of {chunk}"
         assert np.array_equal(residuals.numpy().reshape(-1), speckv.residuals(x, mu))
         # outside residuals given as a tensor where the data is, as the keys' stream leaves them
@@ -212,7 +212,7 @@ def test_host_build_codes_the_joint_model_as_the_rust_encoder(host_gpu, name, sc
         again = speckv.Joint(channels, tokens, coef, offset, on_device, token_scale=scale)
         whole = layers * channels * tokens
         want = speckv.encode(_torch(x), mu, sigma_codes=codes, chunk_size=whole, joint=joint)
-        assert speckv.hf.cuda.encode(*args, chunk_size=whole, joint=again) == want
+        assert speckv.cuda.encode(*args, chunk_size=whole, joint=again) == want
 
 
 def test_host_build_refuses_a_joint_model_that_does_not_fit(host_gpu):
@@ -220,12 +220,12 @@ def test_host_build_refuses_a_joint_model_that_does_not_fit(host_gpu):
     x, mu, codes, coef, offset, _ = _joint_case("bfloat16", 2, 4, 8, 0, seed=1)
     args = (_torch(x), torch.from_numpy(mu), torch.from_numpy(codes))
     with pytest.raises(ValueError, match="whole layers"):
-        speckv.hf.cuda.encode(*args, chunk_size=40, joint=speckv.Joint(4, 8, coef, offset))
+        speckv.cuda.encode(*args, chunk_size=40, joint=speckv.Joint(4, 8, coef, offset))
     with pytest.raises(TypeError, match="Joint"):
-        speckv.hf.cuda.encode(*args, joint=(4, 8))
+        speckv.cuda.encode(*args, joint=(4, 8))
     wide = np.zeros((2, 4, 6), np.float32)
     with pytest.raises(ValueError, match="outside"):
-        speckv.hf.cuda.encode(*args, joint=speckv.Joint(4, 8, wide, offset, np.zeros(3, np.float32)))
+        speckv.cuda.encode(*args, joint=speckv.Joint(4, 8, wide, offset, np.zeros(3, np.float32)))
 
 
 def test_xxh3_matches_the_reference_on_every_length_and_split(cuda_host):
@@ -247,13 +247,13 @@ def test_symbols_flag_escapes_and_unpredicted_scalars(cuda_host):
     far outside, or a NaN, is the escape symbol with the raw flag; a non-finite mu is the raw
     flag alone (freq 0)."""
     t = _speckv.exact_tables("bfloat16")
-    tables = speckv.hf.cuda.exact_tables("bfloat16", _ptr(t["nodes"]), _ptr(t["edges"]), _ptr(t["sigmas"]))
+    tables = speckv.cuda.exact_tables("bfloat16", _ptr(t["nodes"]), _ptr(t["edges"]), _ptr(t["sigmas"]))
     x = np.array([1.0, 1000.0, np.nan, 1.0], ml_dtypes.bfloat16).view(np.uint16)
     mu = np.array([1.0, 1.0, 1.0, np.inf], np.float32)
     codes = speckv.sigma_codes(np.full(4, 0.01, np.float32))
     out = np.empty(4, np.uint64)
     kernel = cuda_host.host_speckv_exact_symbols
-    kernel.argtypes = [speckv.hf.cuda.ExactTables] + [ctypes.c_void_p] * 4 + [ctypes.c_ulonglong]
+    kernel.argtypes = [speckv.cuda.ExactTables] + [ctypes.c_void_p] * 4 + [ctypes.c_ulonglong]
     kernel(tables, _ptr(x), _ptr(mu), _ptr(codes), _ptr(out), 4)
     raw = np.uint64(1 << 63)
     cum, freq = out & np.uint64(0xFFFFFFFF), (out >> np.uint64(32)) & np.uint64(0x7FFFFFFF)
@@ -289,13 +289,13 @@ def test_lane_capacity_bounds_the_worst_case(host_gpu):
                     break
             lanes.append(value)
         lanes.append(len(payload) - sum(lanes))
-        assert max(lanes) <= 4 * speckv.hf.cuda.lane_capacity(n // 8), (name, lanes)
+        assert max(lanes) <= 4 * speckv.cuda.lane_capacity(n // 8), (name, lanes)
         assert min(lanes) > 2 * n // 8, "every scalar escaped"
 
 
 # -- on a GPU (skipped without one): the kernels themselves ------------------------------------
 
-gpu = pytest.mark.skipif("not __import__('speckv.hf.cuda').hf.cuda.available()", reason="no CUDA device")
+gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
 
 
 @gpu
@@ -308,7 +308,7 @@ def test_gpu_encode_writes_the_cpu_bytes(name):
     tx = tx.view(getattr(torch, name))
     for chunk in (1, 41, 4096, 1 << 17):
         want = speckv.encode(tx.cpu(), mu, sigma_codes=codes, chunk_size=chunk)
-        got = speckv.hf.cuda.encode(tx, torch.from_numpy(mu).cuda(), torch.from_numpy(codes).cuda(), chunk_size=chunk)
+        got = speckv.cuda.encode(tx, torch.from_numpy(mu).cuda(), torch.from_numpy(codes).cuda(), chunk_size=chunk)
         assert got == want, f"{name}, chunks of {chunk}"
 
 
@@ -318,12 +318,12 @@ def test_gpu_encode_refuses_what_it_cannot_code():
 
     x = torch.zeros(8, dtype=torch.float32, device="cuda")
     with pytest.raises(TypeError, match="GPU coder"):
-        speckv.hf.cuda.encode(x, x, torch.zeros(8, dtype=torch.int16, device="cuda"))
+        speckv.cuda.encode(x, x, torch.zeros(8, dtype=torch.int16, device="cuda"))
     b = x.to(torch.bfloat16)
     with pytest.raises(ValueError, match="broadcast"):
-        speckv.hf.cuda.encode(b, x, torch.zeros(3, dtype=torch.int16, device="cuda"))
+        speckv.cuda.encode(b, x, torch.zeros(3, dtype=torch.int16, device="cuda"))
     with pytest.raises(TypeError, match="int16"):
-        speckv.hf.cuda.encode(b, x, torch.zeros(8, dtype=torch.int32, device="cuda"))
+        speckv.cuda.encode(b, x, torch.zeros(8, dtype=torch.int32, device="cuda"))
 
 
 # -- the codec's GPU path, driven through the host build ---------------------------------------
@@ -339,7 +339,7 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec
-    from speckv.hf.models.cache import other_kernels
+    from speckv.models.cache import other_kernels
 
     model = tiny_model("llama")
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
@@ -350,10 +350,10 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     # the GPU coder codes the exact model (16-bit caches default to the bins model, on the host)
     want = codec.compress_predicted(cache, prompt, prediction, mode, model="exact")
     assert host_gpu.launches == []
-    monkeypatch.setattr(speckv.hf.codec.codec, "codes_on_gpu", lambda kv, pred, device: True)
+    monkeypatch.setattr(speckv.codec.codec, "codes_on_gpu", lambda kv, pred, device: True)
     assert codec.compress_predicted(cache, prompt, prediction, mode, model="exact") == want
     # K and V of each block, a group of layers (whole chunks) at a time
-    from speckv.hf.codec.block_layout import LAYERS_PER_CHUNK
+    from speckv.codec.block_layout import LAYERS_PER_CHUNK
 
     calls = 2 * 2 * -(-model.config.num_hidden_layers // LAYERS_PER_CHUNK)
     coded = sum(name == "speckv_code_lanes" for name, _, _ in host_gpu.launches)
@@ -418,7 +418,7 @@ def test_any_tensor_codes_to_the_rust_encoders_bytes(host_gpu, name, n, chunk, s
     with np.errstate(all="ignore"):
         mu[near] = x[near].astype(np.float32) * np.float32(1 + rng.standard_normal(int(near.sum())) * 0.01)
     codes = rng.integers(-1100, 1100, n).astype(np.int16)
-    got = speckv.hf.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
+    got = speckv.cuda.encode(_torch(x), torch.from_numpy(mu), torch.from_numpy(codes), chunk_size=chunk)
     assert got == _want(x, mu, codes, chunk)
 
 
@@ -460,11 +460,11 @@ def test_the_host_signatures_are_the_kernels_parameters(host_gpu, tmp_path, monk
 
     monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
     try:
-        ptx = {p: speckv.hf.cuda.compile_kernels("compute_90", program=p).decode() for p in speckv.hf.cuda.PROGRAMS}
-    except speckv.hf.cuda.CudaUnavailableError as e:
+        ptx = {p: speckv.cuda.compile_kernels("compute_90", program=p).decode() for p in speckv.cuda.PROGRAMS}
+    except speckv.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
     floats = {ctypes.c_float: "f32", ctypes.c_double: "f64"}
-    for program, kernels in speckv.hf.cuda.PROGRAMS.items():
+    for program, kernels in speckv.cuda.PROGRAMS.items():
         for kernel in kernels:
             params = re.search(rf"\.entry {kernel}\((.*?)\)", ptx[program], re.S).group(1)
             declared = re.findall(r"\.param\s+(?:\.align (\d+) \.b8 \w+\[(\d+)\]|\.(\w+) \w+)", params)

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")  # speckv.hf, the CUDA module's package, imports torch
 import speckv  # noqa: E402
-import speckv.hf.cuda  # noqa: E402
+import speckv.cuda  # noqa: E402
 from speckv import _speckv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def test_relative_sigma_codes_match_the_rust_path(lib):
 @pytest.mark.parametrize("scale", [1.0, 0.0123, 3.7e-3, 17.5])
 def test_fp8_quantisation_matches_torch(lib, scale):
     torch = pytest.importorskip("torch")
-    from speckv.hf.predictors.calibration import fp8_quantize
+    from speckv.predictors.calibration import fp8_quantize
 
     x = _floats(100_000, 3)
     got = np.empty(x.shape, np.uint8)
@@ -117,7 +117,7 @@ def test_nvcc_compiles_the_kernels(tmp_path):
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("no nvcc (pip install nvidia-cuda-nvcc): the CUDA sources are not compiled here")
-    for program in speckv.hf.cuda.PROGRAMS:
+    for program in speckv.cuda.PROGRAMS:
         out = tmp_path / f"{program}.o"
         cmd = [nvcc, "-arch=sm_90", "-c", str(CUDA / program), "-o", str(out), "-Werror", "all-warnings"]
         subprocess.run(cmd, check=True)
@@ -128,27 +128,27 @@ def test_nvrtc_compiles_the_kernels_without_a_gpu(tmp_path, monkeypatch):
     """The just-in-time path up to the GPU: NVRTC compiles the shipped sources to PTX and to
     a cubin, caches them, and no operation is contracted into a fused multiply-add."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="no cuda-bindings (PyTorch's CUDA wheels install it)")
-    import speckv.hf.cuda
+    import speckv.cuda
 
     monkeypatch.setenv("SPECKV_CACHE_DIR", str(tmp_path))
     try:
-        ptx = speckv.hf.cuda.compile_kernels("compute_90")
-    except speckv.hf.cuda.CudaUnavailableError as e:
+        ptx = speckv.cuda.compile_kernels("compute_90")
+    except speckv.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
-    for program, kernels in speckv.hf.cuda.PROGRAMS.items():
-        text = speckv.hf.cuda.compile_kernels("compute_90", program=program).decode()
+    for program, kernels in speckv.cuda.PROGRAMS.items():
+        text = speckv.cuda.compile_kernels("compute_90", program=program).decode()
         for kernel in kernels:
             assert f".entry {kernel}(" in text
         assert "fma." not in text
-        assert speckv.hf.cuda.compile_kernels("sm_90", program=program)[:4] == b"\x7fELF"
+        assert speckv.cuda.compile_kernels("sm_90", program=program)[:4] == b"\x7fELF"
     cached = sorted(p.name for p in (tmp_path / "cuda").iterdir())
-    digest = speckv.hf.cuda.source_digest()
-    assert len(cached) == 2 * len(speckv.hf.cuda.PROGRAMS) and all(digest in name for name in cached)
-    assert speckv.hf.cuda.compile_kernels("compute_90") == ptx  # from the cache
+    digest = speckv.cuda.source_digest()
+    assert len(cached) == 2 * len(speckv.cuda.PROGRAMS) and all(digest in name for name in cached)
+    assert speckv.cuda.compile_kernels("compute_90") == ptx  # from the cache
     with pytest.raises(ValueError, match="arch"):
-        speckv.hf.cuda.compile_kernels("90")
+        speckv.cuda.compile_kernels("90")
     with pytest.raises(ValueError, match="program"):
-        speckv.hf.cuda.compile_kernels(program="speckv_xxh3.cuh")
+        speckv.cuda.compile_kernels(program="speckv_xxh3.cuh")
 
 
 def test_loading_calls_the_driver_api_with_nvrtcs_cubins(tmp_path, monkeypatch):
@@ -187,33 +187,30 @@ def test_loading_calls_the_driver_api_with_nvrtcs_cubins(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     try:
-        speckv.hf.cuda.compile_kernels("sm_90")
-    except speckv.hf.cuda.CudaUnavailableError as e:
+        speckv.cuda.compile_kernels("sm_90")
+    except speckv.cuda.CudaUnavailableError as e:
         pytest.skip(f"NVRTC cannot run here: {e}")
-    module = speckv.hf.cuda.module._Module(1)
+    module = speckv.cuda.module._Module(1)
     names = [name for name, _ in calls]
     assert names[:5] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent"]
     assert calls[1][1] == (1,) and calls[2][1] == (101,) and calls[4][1] == (0x5BEC,)
     images = [args[0] for name, args in calls if name == "cuModuleLoadData"]
-    assert images == [speckv.hf.cuda.compile_kernels("sm_90", program=p) for p in speckv.hf.cuda.PROGRAMS]
+    assert images == [speckv.cuda.compile_kernels("sm_90", program=p) for p in speckv.cuda.PROGRAMS]
     assert all(image[:4] == b"\x7fELF" for image in images)
-    kernels = [k for ks in speckv.hf.cuda.PROGRAMS.values() for k in ks]
+    kernels = [k for ks in speckv.cuda.PROGRAMS.values() for k in ks]
     assert module.kernels == {k: k.encode() for k in kernels}
 
 
 def test_importing_the_module_needs_neither_torch_nor_cuda():
-    """``speckv/hf/cuda/`` itself imports neither (the ``hf`` package around it needs torch:
-    it is stood in for by an empty package here)."""
+    """``speckv.cuda`` imports neither torch nor CUDA's packages until a function needs them."""
     code = (
-        "import sys, types, pathlib, speckv\n"
+        "import sys, speckv\n"
         "sys.modules['torch'] = None; sys.modules['cuda'] = None\n"
-        "hf = types.ModuleType('speckv.hf'); hf.__path__ = [str(pathlib.Path(speckv.__file__).parent / 'hf')]\n"
-        "sys.modules['speckv.hf'] = speckv.hf = hf\n"
-        "import speckv.hf.cuda\n"
-        "assert speckv.hf.cuda.available() is False\n"
+        "import speckv.cuda\n"
+        "assert speckv.cuda.available() is False\n"
         "try:\n"
-        "    speckv.hf.cuda.compile_kernels(cache=False)\n"
-        "except speckv.hf.cuda.CudaUnavailableError as e:\n"
+        "    speckv.cuda.compile_kernels(cache=False)\n"
+        "except speckv.cuda.CudaUnavailableError as e:\n"
         "    assert 'cuda-bindings' in str(e)\n"
         "else:\n"
         "    raise AssertionError('compiled without NVRTC')\n"
@@ -223,28 +220,28 @@ def test_importing_the_module_needs_neither_torch_nor_cuda():
 
 # -- on a GPU (skipped without one): the kernels against the CPU path ------------------------
 
-gpu = pytest.mark.skipif("not __import__('speckv.hf.cuda').hf.cuda.available()", reason="no CUDA device")
+gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
 
 
 @gpu
 def test_gpu_sigma_codes_match_the_rust_ladder():
     import torch
 
-    import speckv.hf.cuda
+    import speckv.cuda
 
     x = _floats(1_000_000, 11)
     valid = x[np.isfinite(x) & (x > 0)]
-    got = speckv.hf.cuda.sigma_codes(torch.from_numpy(valid).cuda()).cpu().numpy()
+    got = speckv.cuda.sigma_codes(torch.from_numpy(valid).cuda()).cpu().numpy()
     assert np.array_equal(got, speckv.sigma_codes(valid))
     with pytest.raises(speckv.SpeckvError, match="positive"):
-        speckv.hf.cuda.sigma_codes(torch.tensor([1.0, 0.0], device="cuda"))
+        speckv.cuda.sigma_codes(torch.tensor([1.0, 0.0], device="cuda"))
 
 
 @gpu
 def test_gpu_relative_sigma_codes_match_the_rust_path():
     import torch
 
-    import speckv.hf.cuda
+    import speckv.cuda
 
     rng = np.random.default_rng(12)
     tokens, dim = 3000, 64
@@ -252,7 +249,7 @@ def test_gpu_relative_sigma_codes_match_the_rust_path():
     s = np.exp2(rng.uniform(-6, 3, dim)).astype(np.float32)
     r = np.exp2(rng.uniform(-8, 0, dim)).astype(np.float32)
     want = _speckv.relative_sigma_codes(mu.reshape(-1), s, r, 1, tokens, dim)
-    got = speckv.hf.cuda.relative_sigma_codes(*(torch.from_numpy(a).cuda() for a in (mu, s, r)))
+    got = speckv.cuda.relative_sigma_codes(*(torch.from_numpy(a).cuda() for a in (mu, s, r)))
     assert np.array_equal(got.cpu().numpy().reshape(-1), want)
 
 
@@ -261,16 +258,16 @@ def test_gpu_relative_sigma_codes_match_the_rust_path():
 def test_gpu_fp8_quantisation_matches_the_cpu(scale):
     import torch
 
-    import speckv.hf.cuda
-    from speckv.hf.predictors.calibration import fp8_quantize
+    import speckv.cuda
+    from speckv.predictors.calibration import fp8_quantize
 
     x = torch.from_numpy(_floats(1_000_000, 13))
     want = fp8_quantize(x, scale).view(torch.uint8)
-    got = speckv.hf.cuda.fp8_quantize(x.cuda(), scale).view(torch.uint8).cpu()
+    got = speckv.cuda.fp8_quantize(x.cuda(), scale).view(torch.uint8).cpu()
     assert torch.equal(got, want)  # NaNs too: the kernel keeps their sign as the CPU does
     bf16 = x.to(torch.bfloat16)  # what caches hold
     assert torch.equal(
-        speckv.hf.cuda.fp8_quantize(bf16.cuda(), scale).view(torch.uint8).cpu(),
+        speckv.cuda.fp8_quantize(bf16.cuda(), scale).view(torch.uint8).cpu(),
         fp8_quantize(bf16, scale).view(torch.uint8),
     )
 
@@ -279,14 +276,14 @@ def test_gpu_fp8_quantisation_matches_the_cpu(scale):
 def test_gpu_coding_mu_matches_the_codec():
     import torch
 
-    import speckv.hf.cuda
+    import speckv.cuda
 
     x = torch.from_numpy(_floats(1_000_000, 14))
     x = x[: 64 * 10_000].reshape(-1, 64)  # NaNs included: the kernel quiets them as a CPU does
     gain = torch.exp2(torch.rand(64) - 0.5).half().float()
     for scale in (0.0123, None):
         want = ((x / scale) if scale else x) * gain
-        got = speckv.hf.cuda.coding_mu(x.cuda(), scale, gain.cuda()).cpu()
+        got = speckv.cuda.coding_mu(x.cuda(), scale, gain.cuda()).cpu()
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
@@ -302,8 +299,8 @@ def test_the_codec_checks_its_device_argument():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="device"):
         SpeculativeCodec(model, device="tpu")
-    if not speckv.hf.cuda.available():
-        with pytest.raises(speckv.hf.cuda.CudaUnavailableError):
+    if not speckv.cuda.available():
+        with pytest.raises(speckv.cuda.CudaUnavailableError):
             SpeculativeCodec(model, device="cuda")
     assert SpeculativeCodec(model, device="cpu").device == "cpu"
 
@@ -318,7 +315,7 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     from test_layerwise import assert_same
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
-    from speckv.hf.models.cache import other_kernels
+    from speckv.models.cache import other_kernels
 
     model = tiny_model("llama")
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
@@ -330,8 +327,8 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     gpu = [(k.cuda(), v.cuda()) for k, v in cache]
     gpu_pred = [(k.cuda(), v.cuda()) for k, v in pred]
     coded = []
-    encode = speckv.hf.cuda.encode_joint
-    monkeypatch.setattr(speckv.hf.cuda, "encode_joint", lambda *a, **k: coded.append(1) or encode(*a, **k))
+    encode = speckv.cuda.encode_joint
+    monkeypatch.setattr(speckv.cuda, "encode_joint", lambda *a, **k: coded.append(1) or encode(*a, **k))
     for device in (None, "cuda", "cpu"):
         codec.device = device
         assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == on_host
@@ -347,8 +344,8 @@ def test_a_gpu_fp8_predictor_is_rebuilt_on_the_cpu_where_there_is_no_gpu():
     import torch
     from test_hf import ids, tiny_model
 
+    from speckv.codec.from_description import predictor_from_description
     from speckv.hf import Fp8Predictor
-    from speckv.hf.codec.from_description import predictor_from_description
 
     model = tiny_model("llama")
     cpu = Fp8Predictor(model)
@@ -372,7 +369,7 @@ def test_the_fp8_predictor_on_the_gpu_restores_exactly(mode):
     from test_layerwise import assert_same
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
-    from speckv.hf.models.cache import other_kernels
+    from speckv.models.cache import other_kernels
 
     model = tiny_model("llama")
     predictor = Fp8Predictor(model, device="cuda")

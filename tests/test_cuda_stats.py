@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")  # speckv.hf, the CUDA module's package, imports torch
-import speckv.hf.cuda  # noqa: E402
+import speckv.cuda  # noqa: E402
 from speckv import _speckv  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def test_rust_sums_are_the_exact_integer_sums():
     shape = (2, 3, 40, 8)
     t, p, p8 = _cache(shape, 1)
     scale = 0.0123
-    from speckv.hf.predictors.calibration import fp8_quantize
+    from speckv.predictors.calibration import fp8_quantize
 
     q = fp8_quantize(t, scale).float()
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
@@ -71,16 +71,16 @@ def test_rust_sums_are_the_exact_integer_sums():
 
 @pytest.mark.parametrize("rows_per_item", [1, 7, 64, 10_000])
 def test_the_kernels_host_build_sums_the_same_integers_in_any_grouping(host_gpu, monkeypatch, rows_per_item):
-    """``speckv.hf.cuda.channel_sums`` driven through the host build: the Rust path's limbs bit
+    """``speckv.cuda.channel_sums`` driven through the host build: the Rust path's limbs bit
     for bit, however the rows are grouped per thread (integers associate)."""
-    monkeypatch.setattr(speckv.hf.cuda.params, "STATS_ROWS", rows_per_item)
+    monkeypatch.setattr(speckv.cuda.params, "STATS_ROWS", rows_per_item)
     shape = (3, 2, 50, 16)
     t, p, p8 = _cache(shape, 2)
-    from speckv.hf.predictors.calibration import fp8_quantize
+    from speckv.predictors.calibration import fp8_quantize
 
     scale = 0.7
     q = fp8_quantize(t, scale).float()
-    got = speckv.hf.cuda.channel_sums(t, p, p8, q, scale)
+    got = speckv.cuda.channel_sums(t, p, p8, q, scale)
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
     want = _speckv.channel_sums(*flat, scale, (2, 50, 16)).reshape(3, 32, 3)
     assert np.array_equal(got, want)
@@ -102,8 +102,8 @@ def test_calibration_statistics_agree_with_float64_sums():
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.models.cache import prefill
-    from speckv.hf.predictors.calibration import calibrate, fp8_quantize
+    from speckv.models.cache import prefill
+    from speckv.predictors.calibration import calibrate, fp8_quantize
 
     model = tiny_model("llama")
     predictor = Fp8Predictor(model)
@@ -129,18 +129,18 @@ def test_calibration_statistics_agree_with_float64_sums():
 
 # -- on a GPU (skipped without one) -------------------------------------------------------------
 
-gpu = pytest.mark.skipif("not __import__('speckv.hf.cuda').hf.cuda.available()", reason="no CUDA device")
+gpu = pytest.mark.skipif("not __import__('speckv.cuda').cuda.available()", reason="no CUDA device")
 
 
 @gpu
 def test_gpu_channel_sums_match_the_rust_path():
-    from speckv.hf.predictors.calibration import fp8_quantize
+    from speckv.predictors.calibration import fp8_quantize
 
     shape = (2, 4, 3000, 64)
     t, p, p8 = _cache(shape, 5)
     scale = 0.02
     q = fp8_quantize(t, scale).float()
-    got = speckv.hf.cuda.channel_sums(*(a.cuda() for a in (t, p, p8, q)), scale)
+    got = speckv.cuda.channel_sums(*(a.cuda() for a in (t, p, p8, q)), scale)
     flat = [a.contiguous().reshape(-1).numpy() for a in (t, p, p8, q)]
     assert np.array_equal(got, _speckv.channel_sums(*flat, scale, (4, 3000, 64)).reshape(3, 256, 3))
 
@@ -154,8 +154,8 @@ def test_a_calibration_on_the_gpu_sums_what_the_host_sums():
     from test_hf import ids, tiny_model
 
     from speckv.hf import Fp8Predictor
-    from speckv.hf.models.cache import prefill
-    from speckv.hf.predictors.calibration import _channel_sums, calibrate
+    from speckv.models.cache import prefill
+    from speckv.predictors.calibration import _channel_sums, calibrate
 
     model = tiny_model("llama").cuda()
     predictor = Fp8Predictor(model, device="cuda")

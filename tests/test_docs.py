@@ -57,7 +57,7 @@ def test_the_docs_pages_are_all_in_the_site():
 @functools.lru_cache(maxsize=1)
 def _demo_model():
     """``speckv.hf.load_demo_model()``, loaded once for the pages that use it."""
-    from speckv.hf.models.demo import load_demo_model
+    from speckv.models.demo import load_demo_model
 
     return load_demo_model()
 

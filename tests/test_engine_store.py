@@ -17,10 +17,10 @@ from hypothesis import strategies as st  # noqa: E402
 from test_hf import ids, tiny_model  # noqa: E402
 
 from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, model_fingerprint  # noqa: E402
-from speckv.hf.models.cache import other_kernels  # noqa: E402
-from speckv.hf.models.checkpoint import CheckpointError, checkpoint_fingerprint, load_trunk  # noqa: E402
 from speckv.integrations.engine import EngineStore  # noqa: E402
 from speckv.integrations.paged import PagedLayout, UnsupportedLayoutError  # noqa: E402
+from speckv.models.cache import other_kernels  # noqa: E402
+from speckv.models.checkpoint import CheckpointError, checkpoint_fingerprint, load_trunk  # noqa: E402
 from speckv.store import MemoryBackend, StoreError  # noqa: E402
 
 BLOCK = 16

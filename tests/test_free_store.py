@@ -15,7 +15,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import speckv  # noqa: E402
-from speckv.hf.stores.free_store import KEY_BYTES, FreePrefixStore, layer_chunk  # noqa: E402
+from speckv.prefix.free_store import KEY_BYTES, FreePrefixStore, layer_chunk  # noqa: E402
 from speckv.store import MemoryBackend, pack_entry, unpack_entry  # noqa: E402
 
 WORDS = {

@@ -18,8 +18,8 @@ from speckv.hf import (  # noqa: E402
     build_cache,
     extract_kv,
 )
-from speckv.hf.models.cache import other_kernels, prefill  # noqa: E402
-from speckv.hf.predictors.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
+from speckv.models.cache import other_kernels, prefill  # noqa: E402
+from speckv.predictors.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
 
 MODES = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 
@@ -230,7 +230,7 @@ def test_channel_stats_predictor(calibrated):
 
 
 def test_fp8_weights_round_trip_is_close():
-    from speckv.hf.predictors.base import fp8_round_trip
+    from speckv.predictors.base import fp8_round_trip
 
     w = torch.randn(300, 200)
     for block in (None, 128):
@@ -242,9 +242,9 @@ def test_fp8_weights_round_trip_is_close():
 
 def test_demo_model_end_to_end():
     pytest.importorskip("gguf")
+    from speckv.codec.evaluate import evaluate
     from speckv.hf import bundled_text, demo_gguf_path, load_demo_model
-    from speckv.hf.codec.evaluate import evaluate
-    from speckv.hf.models.demo import prompts
+    from speckv.models.demo import prompts
 
     try:
         demo_gguf_path()
@@ -315,7 +315,7 @@ def test_a_plain_predictor_without_describe(calibrated):
 def test_fp8_predictor_on_every_core():
     """threads="all" is accepted only where a probe finds 1, 2 and all cores agree; the stream
     then records "any", and a decoder with another core count reads it."""
-    from speckv.hf.predictors.base import ThreadDependenceError
+    from speckv.predictors.base import ThreadDependenceError
 
     model = tiny_model("llama")
     try:
@@ -367,3 +367,29 @@ def test_command_line_predictors_and_tradeoff_rows():
     # restore 0.75 s a prompt, 750 MB saved a prompt: 8 Gbit/s
     assert row["break_even_gbit_s"] == pytest.approx(8.0)
     assert row["beats_recompute"] and row["bits_per_scalar"] == 4.0
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("speckv.hf.codec.codec", "speckv.codec.codec"),
+        ("speckv.hf.predictors.early_exit", "speckv.predictors.early_exit"),
+        ("speckv.hf.models.cache", "speckv.models.cache"),
+        ("speckv.hf.stores.free_store", "speckv.prefix.free_store"),
+        ("speckv.hf.cuda", "speckv.cuda"),
+    ],
+)
+def test_the_moved_modules_old_paths_import_the_same_module_with_a_warning(old, new):
+    """The codec, predictors, models, prefix stores and CUDA module moved out of ``speckv.hf``
+    (0.1 -> 0.2): each old path is the new module itself (one module: ``isinstance`` and
+    monkeypatching agree), and warns where it went."""
+    import importlib
+    import sys
+
+    import speckv.hf  # noqa: F401  (installs the old paths)
+
+    for name in [n for n in sys.modules if n == old or n.startswith(old + ".")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)

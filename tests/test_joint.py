@@ -15,8 +15,8 @@ from test_layerwise import WORDS, assert_same  # noqa: E402
 
 import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
-from speckv.hf.models.cache import other_kernels  # noqa: E402
-from speckv.hf.predictors.joint_fit import JointFit  # noqa: E402
+from speckv.models.cache import other_kernels  # noqa: E402
+from speckv.predictors.joint_fit import JointFit  # noqa: E402
 
 
 def test_joint_fit_recovers_a_conditional_structure():
@@ -137,7 +137,7 @@ def test_joint_fit_structures_condition_on_less():
 
 def test_a_predictor_free_codec_learns_its_means_and_codes_jointly(tmp_path):
     from speckv.hf import ChannelStatsPredictor
-    from speckv.hf.models.cache import prefill
+    from speckv.models.cache import prefill
 
     model = tiny_model("qwen3", seed=2)
     codec = SpeculativeCodec(model, predictor=ChannelStatsPredictor())

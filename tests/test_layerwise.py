@@ -12,10 +12,10 @@ from test_hf import ids, tiny_model  # noqa: E402
 
 import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
-from speckv.hf.models.cache import other_kernels, prefill  # noqa: E402
-from speckv.hf.predictors.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
-from speckv.hf.predictors.linear_map import ridge_fit  # noqa: E402
-from speckv.hf.predictors.rope import Rope  # noqa: E402
+from speckv.models.cache import other_kernels, prefill  # noqa: E402
+from speckv.predictors.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
+from speckv.predictors.linear_map import ridge_fit  # noqa: E402
+from speckv.predictors.rope import Rope  # noqa: E402
 
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 
@@ -199,7 +199,7 @@ def test_relative_sigma_fit_recovers_both_parts():
 
 
 def test_layers_for_budget_chooses_within_the_model():
-    from speckv.hf.predictors.budget import layers_for_budget
+    from speckv.predictors.budget import layers_for_budget
 
     model = tiny_model("llama")
     prompt = ids(64, 3)
@@ -294,7 +294,7 @@ def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_pa
 
 
 def test_integer_maps_compute_the_float_map():
-    from speckv.hf.predictors.linear_map import apply_map, feature_shifts, integer_map
+    from speckv.predictors.linear_map import apply_map, feature_shifts, integer_map
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(300, 40, generator=g) * torch.logspace(-3, 2, 40)  # features of any scale
@@ -330,7 +330,7 @@ def test_cheap_maps_read_the_hidden_state_and_round_trip_in_steps():
     prefill in steps (prompt longer than ``prefill_chunk``) the steps' hidden states are
     joined, and the round trip is exact."""
     from speckv.cli.predictor_spec import make_predictor
-    from speckv.hf.codec.from_description import predictor_from_description
+    from speckv.codec.from_description import predictor_from_description
 
     model = tiny_model("llama", seed=2)
     plain = ModelPrefixPredictor(model, layers=1)

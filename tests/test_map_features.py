@@ -1,4 +1,4 @@
-"""The maps' inputs (``speckv.hf.predictors.map_sources._features``): made from a walk's cache of
+"""The maps' inputs (``speckv.predictors.map_sources._features``): made from a walk's cache of
 its sources (float32, K un-RoPEd, by token) they are the same floats as made afresh, for every
 number of rows a map asks (fewer than a source holds, as many, more: zeros first)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the hf extra: pip install 'speckv-rs[hf]'")
 
-from speckv.hf.predictors.map_sources import _features  # noqa: E402
+from speckv.predictors.map_sources import _features  # noqa: E402
 
 
 class _Rope:

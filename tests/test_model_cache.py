@@ -1,4 +1,4 @@
-"""The demo model converted once (``speckv.hf.models.model_cache``): a load from the cached
+"""The demo model converted once (``speckv.models.model_cache``): a load from the cached
 folder is the GGUF load bit for bit (fingerprint, tokenizer), later loads never read the GGUF
 again, a folder that cannot give the GGUF load's config is not used, and the cache turns off."""
 
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from speckv.hf import bundled_text, model_fingerprint  # noqa: E402
-from speckv.hf.models import demo, model_cache  # noqa: E402
+from speckv.models import demo, model_cache  # noqa: E402
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from speckv.hf import (  # noqa: E402
     build_cache,
     extract_kv,
 )
-from speckv.hf.models.architecture import UnsupportedModelError, check_architecture  # noqa: E402
-from speckv.hf.models.cache import prefill  # noqa: E402
-from speckv.hf.predictors.calibration import JointFit, fp8_quantize  # noqa: E402
+from speckv.models.architecture import UnsupportedModelError, check_architecture  # noqa: E402
+from speckv.models.cache import prefill  # noqa: E402
+from speckv.predictors.calibration import JointFit, fp8_quantize  # noqa: E402
 
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
 WINDOW = 8

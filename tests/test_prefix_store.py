@@ -13,8 +13,8 @@ from test_store import redis_url  # noqa: E402,F401  (a redis-server on a loopba
 
 from speckv import PredictionMismatchError  # noqa: E402
 from speckv.hf import ModelPrefixPredictor, PrefixStore, SpeculativeCodec, extract_kv  # noqa: E402
-from speckv.hf.models.cache import other_kernels, prefill  # noqa: E402
-from speckv.hf.predictors.calibration import fp8_quantize  # noqa: E402
+from speckv.models.cache import other_kernels, prefill  # noqa: E402
+from speckv.predictors.calibration import fp8_quantize  # noqa: E402
 from speckv.store import DirectoryBackend, MemoryBackend  # noqa: E402
 
 BLOCK = 16
@@ -113,7 +113,7 @@ def test_generate_from_a_restored_prefix_equals_generate_from_the_cache(codec):
     store.put(a[:, :48], [(k[:, :, :48], v[:, :, :48]) for k, v in cache])
     prompt = a[:, :56]  # three stored blocks, then 8 tokens for the model
     from speckv.hf import build_cache
-    from speckv.hf.models.cache import cache_argument
+    from speckv.models.cache import cache_argument
 
     cut = build_cache([(k[:, :, :48].clone(), v[:, :, :48].clone()) for k, v in cache])
     reference = model.generate(prompt, do_sample=False, max_new_tokens=10, **{cache_argument(model): cut})
@@ -144,7 +144,7 @@ def test_block_keys_are_pinned():
     """The hash chain names stored blocks: an accidental change would orphan every store.
     Golden values from its definition (BLAKE2b-128 over the previous key and the block's ids
     as little-endian int64), computed independently with struct and hashlib."""
-    from speckv.hf.stores.prefix_store import chain_keys
+    from speckv.prefix.prefix_store import chain_keys
 
     ids = torch.arange(10)[None, :] * 1000
     golden = ["e93909e562f19ebc1b55747e10d65494", "f7427bd8dc3adad9eb015626e2dcfe6f"]
@@ -224,7 +224,7 @@ import os, socket, sys
 sys.path.insert(0, {tests!r})
 from test_hf import ids, tiny_model
 from speckv.hf import Calibration, ModelPrefixPredictor, PrefixStore, SpeculativeCodec
-from speckv.hf.models.cache import other_kernels
+from speckv.models.cache import other_kernels
 from speckv.store import DirectoryBackend, RedisBackend
 where, prefix, calibration = sys.argv[1:4]
 seed, n, mode = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]

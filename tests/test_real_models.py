@@ -21,9 +21,9 @@ if os.environ.get("SPECKV_REAL_MODELS") != "1":
 
 from speckv.cli.predictor_spec import make_predictor  # noqa: E402
 from speckv.hf import SpeculativeCodec, build_cache, extract_kv, load_demo_model, load_model  # noqa: E402
-from speckv.hf.models.cache import other_kernels  # noqa: E402
-from speckv.hf.models.demo import bundled_text, prompts  # noqa: E402
-from speckv.hf.predictors.calibration import fp8_quantize  # noqa: E402
+from speckv.models.cache import other_kernels  # noqa: E402
+from speckv.models.demo import bundled_text, prompts  # noqa: E402
+from speckv.predictors.calibration import fp8_quantize  # noqa: E402
 
 FOLDER = Path(os.environ.get("SPECKV_MODELS", Path.home() / ".cache" / "speckv-models"))
 MODELS = {

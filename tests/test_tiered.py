@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from speckv.store import DirectoryBackend, MemoryBackend, StoreError, pack_entry, unpack_entry
-from speckv.tiered import TieredBackend
+from speckv.store.tiered import TieredBackend
 
 ENTRY = 100 + 24
 
@@ -78,8 +78,8 @@ def test_a_dead_lower_tier_costs_only_what_it_alone_held():
 
 def test_a_prefix_store_over_tiers_serves_exact_prefixes(tmp_path):
     torch = pytest.importorskip("torch")
-    from speckv.hf.stores.free_store import FreePrefixStore
     from speckv.integrations.engine import open_backend
+    from speckv.prefix.free_store import FreePrefixStore
 
     backend = open_backend([str(tmp_path / "ram"), str(tmp_path / "disk")], max_bytes=[60_000, None])
     assert isinstance(backend, TieredBackend)
@@ -98,3 +98,18 @@ def test_a_prefix_store_over_tiers_serves_exact_prefixes(tmp_path):
     assert backend.tier_stats()[1]["hits"] > 0
     with pytest.raises(ValueError, match="budgets"):
         open_backend(["memory", str(tmp_path / "d")], max_bytes=[1, 2, 3])
+
+
+def test_the_old_path_imports_the_same_backend_with_a_warning():
+    """``speckv.tiered`` moved into ``speckv.store`` (0.1 -> 0.2): the old path still imports
+    the same class for one release, and says where it went."""
+    import importlib
+    import sys
+
+    sys.modules.pop("speckv.tiered", None)
+    with pytest.warns(DeprecationWarning, match="speckv.store.tiered"):
+        old = importlib.import_module("speckv.tiered")
+    assert old.TieredBackend is TieredBackend
+    from speckv.store import TieredBackend as exported
+
+    assert exported is TieredBackend

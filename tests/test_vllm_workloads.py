@@ -89,7 +89,7 @@ def workload(engine):
     question; and the run without a connector."""
     from transformers import AutoTokenizer
 
-    from speckv.hf.models.demo import bundled_text
+    from speckv.models.demo import bundled_text
 
     ids = AutoTokenizer.from_pretrained(engine.folder).encode(bundled_text("evaluation"))
     docs = [ids[6000 + 300 * i : 6000 + 300 * i + 2 * BLOCK] for i in range(3)]

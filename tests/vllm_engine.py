@@ -58,7 +58,7 @@ def engine(tmp_path_factory, demo_folder, vllm_calibration):
     from transformers import AutoTokenizer
     from vllm_driver import Engine, EngineHost
 
-    from speckv.hf.models.demo import bundled_text
+    from speckv.models.demo import bundled_text
 
     python = vllm_python()
     tmp = tmp_path_factory.mktemp("vllm")

@@ -39,8 +39,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8_e4m3": torc
 @lru_cache(maxsize=1)
 def demo_kv() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The demo model's cache of 128 tokens of the bundled text (bf16)."""
-    from speckv.hf.models.cache import prefill
-    from speckv.hf.models.demo import bundled_text, load_demo_model, prompts
+    from speckv.models.cache import prefill
+    from speckv.models.demo import bundled_text, load_demo_model, prompts
 
     model, tokenizer = load_demo_model()
     (ids,) = prompts(tokenizer, bundled_text(), 128, count=1)

@@ -32,8 +32,8 @@ def ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> 
 
     from .._api import TokenScale
     from ..hf import SpeculativeCodec, model_fingerprint
-    from ..hf.models.demo import prompts
-    from ..hf.predictors.joint_fit import JOINT_SHRINKAGE
+    from ..models.demo import prompts
+    from ..predictors.joint_fit import JOINT_SHRINKAGE
 
     spec = args.predictor or "prefix"
     predictor = make_predictor(spec, model, args.block_size)

@@ -13,7 +13,7 @@ from .common import calibration_text, say
 from .predictor_spec import describe_short, make_predictor, predictor_key
 
 if TYPE_CHECKING:  # the hf extra: imported where it is used
-    from ..hf.codec.codec import SpeculativeCodec
+    from ..codec.codec import SpeculativeCodec
 
 
 def calibrated_codec(
@@ -23,7 +23,7 @@ def calibrated_codec(
     `args.calibration` or the (cached) bundled text: the codec, the calibration's path, and
     whether it came from the cache."""
     from ..hf import Calibration, SpeculativeCodec, model_fingerprint
-    from ..hf.models.demo import prompts
+    from ..models.demo import prompts
 
     if args.calibration and not (spec or args.predictor):
         # the predictor the calibration was made with

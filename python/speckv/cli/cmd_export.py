@@ -19,6 +19,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> None:
     need_hf()
-    from ..hf.models.demo import export_folder
+    from ..models.demo import export_folder
 
     print(f"wrote {export_folder(args.model, args.output)}")

@@ -59,7 +59,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         return settings
     if args.action != "put":
         raise CommandError(f"{args.folder} is not a speckv store (no {STORE_SETTINGS}): put something first")
-    from ..hf.stores.prefix_store import DEFAULT_BLOCK_SIZE
+    from ..prefix.prefix_store import DEFAULT_BLOCK_SIZE
 
     settings = {"block_size": args.block_size or DEFAULT_BLOCK_SIZE, "dtype": args.dtype or "bf16"}
     Path(args.folder).mkdir(parents=True, exist_ok=True)
@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> None:
     need_hf()
     text(args.text)  # a bad --text fails before the model loads
     from ..hf import PrefixStore
-    from ..hf.models.cache import prefill
-    from ..hf.models.demo import prompts
+    from ..models.cache import prefill
+    from ..models.demo import prompts
 
     model, tokenizer, label = load(args.model, demo_label="demo model")
     # the calibration of `speckv demo` (512-token prompts), whatever the prompts stored here

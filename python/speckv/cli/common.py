@@ -56,7 +56,7 @@ def read_file(path: str, what: str) -> bytes:
 
 def text(spec: str | None) -> str:
     """``--text``: a file, or the name of a bundled text (default: the evaluation text)."""
-    from ..hf.models.demo import BUNDLED_TEXTS, bundled_text
+    from ..models.demo import BUNDLED_TEXTS, bundled_text
 
     if spec is None or spec in BUNDLED_TEXTS:
         return bundled_text(spec or "evaluation")
@@ -65,7 +65,7 @@ def text(spec: str | None) -> str:
 
 def calibration_text(spec: str | None) -> str:
     """``--calibration-text``: a file (default: the bundled calibration text)."""
-    from ..hf.models.demo import bundled_text
+    from ..models.demo import bundled_text
 
     if not spec:
         return bundled_text("calibration")
@@ -81,7 +81,7 @@ def _decoded(data: bytes, path: str, what: str) -> str:
 
 def text_name(spec: str | None) -> str:
     """How a ``--text`` is named in messages."""
-    from ..hf.models.demo import BUNDLED_TEXTS
+    from ..models.demo import BUNDLED_TEXTS
 
     return f"bundled {spec or 'evaluation'} text" if spec is None or spec in BUNDLED_TEXTS else Path(spec).name
 

@@ -13,7 +13,7 @@ from .predictor_spec import PREDICTORS_HELP, describe_short
 if TYPE_CHECKING:  # the hf extra: imported where it is used
     import torch
 
-    from ..hf.codec.codec import SpeculativeCodec
+    from ..codec.codec import SpeculativeCodec
 
 PRODUCERS = {
     "other-kernels": "the model with other attention kernels than the predictor's",
@@ -78,7 +78,7 @@ def add_eval_arguments(p: argparse.ArgumentParser, demo: bool) -> None:
 
 def producer(args: argparse.Namespace) -> Any:
     """``--producer``: the function that makes the caches coded."""
-    from ..hf.models.cache import other_kernels, prefill
+    from ..models.cache import other_kernels, prefill
 
     return other_kernels if args.producer == "other-kernels" else prefill
 
@@ -88,7 +88,7 @@ def run_eval(
 ) -> dict[str, Any]:
     """One predictor (``spec``, default ``args.predictor``) evaluated on the held-out prompts:
     ``hf.evaluate``'s result with the predictor's FLOPs and the run's settings."""
-    from ..hf.models.demo import prompts
+    from ..models.demo import prompts
 
     held_out = prompts(tokenizer, text(args.text), args.seq_len, args.prompts)
     codec, cal_path, cached = calibrated_codec(args, model, tokenizer, label, spec)
@@ -109,7 +109,7 @@ def run_eval(
         f"{PRODUCERS[args.producer]} ...",
     )
     result = evaluate_args(args, codec, held_out)
-    from ..hf.predictors.cost import predictor_flops, recompute_flops, text_config
+    from ..predictors.cost import predictor_flops, recompute_flops, text_config
 
     config = text_config(model)
     flops = predictor_flops(codec.predictor, config, args.seq_len)
@@ -124,7 +124,7 @@ def run_eval(
 
 def evaluate_args(args: argparse.Namespace, codec: SpeculativeCodec, held_out: list[torch.Tensor]) -> dict[str, Any]:
     """``hf.evaluate.evaluate`` with the command line's modes, threads, producer and repeats."""
-    from ..hf.codec.evaluate import evaluate
+    from ..codec.evaluate import evaluate
 
     return evaluate(
         codec,

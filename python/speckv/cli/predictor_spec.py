@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .common import CommandError
 
 if TYPE_CHECKING:  # the hf extra: imported where a predictor is made
-    from ..hf.predictors.base import AnyPredictor
+    from ..predictors.base import AnyPredictor
 
 PREDICTORS_HELP = (
     "prefix (the default: the model's first layers + maps), prefix:N (N layers), map (layer 0 + maps), "
@@ -42,7 +42,7 @@ def make_predictor(spec: str, model: Any, block_size: int | None = None) -> AnyP
     import torch
 
     from ..hf import ChannelStatsPredictor, Fp8Predictor, ModelPrefixPredictor
-    from ..hf.predictors.early_exit import default_prefix_layers
+    from ..predictors.early_exit import default_prefix_layers
 
     kind, layers, hidden = parse_spec(spec)
     if kind == "fp8":
@@ -65,7 +65,7 @@ def make_predictor(spec: str, model: Any, block_size: int | None = None) -> AnyP
 
 def predictor_key(predictor: AnyPredictor) -> str:
     """A short, stable name of a predictor's settings for calibration file names."""
-    from ..hf.predictors.base import describe
+    from ..predictors.base import describe
 
     d = describe(predictor)
     if d.get("name") == "fp8" and d.get("compute_dtype") == "float32" and d.get("threads") == 1:
@@ -76,7 +76,7 @@ def predictor_key(predictor: AnyPredictor) -> str:
 
 def describe_short(predictor: AnyPredictor) -> str:
     """A predictor in a few words, for progress lines and table notes."""
-    from ..hf.predictors.base import describe
+    from ..predictors.base import describe
 
     d = describe(predictor)
     if d.get("name") == "model-prefix":

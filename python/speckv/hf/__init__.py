@@ -1,4 +1,8 @@
-"""Speculative coding of Hugging Face KV caches (extra ``hf``: torch, transformers).
+"""Speculative coding of Hugging Face KV caches (extra ``hf``: torch, transformers): the
+names of the workflow in one import. The code lives in ``speckv.codec``, ``speckv.predictors``,
+``speckv.models``, ``speckv.prefix`` and ``speckv.cuda`` (``docs/concepts/architecture.md``);
+their modules' old paths under ``speckv.hf`` (``speckv.hf.codec.codec``, ...) still import, with a
+``DeprecationWarning``, until the release after 0.1 (``CHANGELOG``).
 
 A cheap predictor (by default the model's own first two thirds of layers, then maps from the
 layers already decoded; or an fp8-quantised copy of the model, the reference method) predicts
@@ -20,16 +24,61 @@ decoding alone).
 
 from __future__ import annotations
 
-from .codec.blocks import BlockCodec
-from .codec.codec import SpeculativeCodec
-from .models.cache import build_cache, extract_kv, prefill
-from .models.demo import bundled_text, demo_gguf_path, load_demo_model, load_model, prompts
-from .predictors.base import ChannelStatsPredictor, Fp8Predictor, Predictor
-from .predictors.calibration import Calibration, model_fingerprint
-from .predictors.early_exit import ModelPrefixPredictor, PrefixState
-from .predictors.layerwise import LayerRun, LayerwisePredictor
-from .stores.free_store import FreePrefixStore
-from .stores.prefix_store import PrefixStore
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+import warnings
+
+from ..codec.blocks import BlockCodec
+from ..codec.codec import SpeculativeCodec
+from ..models.cache import build_cache, extract_kv, prefill
+from ..models.demo import bundled_text, demo_gguf_path, load_demo_model, load_model, prompts
+from ..predictors.base import ChannelStatsPredictor, Fp8Predictor, Predictor
+from ..predictors.calibration import Calibration, model_fingerprint
+from ..predictors.early_exit import ModelPrefixPredictor, PrefixState
+from ..predictors.layerwise import LayerRun, LayerwisePredictor
+from ..prefix.free_store import FreePrefixStore
+from ..prefix.prefix_store import PrefixStore
+
+# where each package under ``speckv.hf`` went (0.1 -> 0.2)
+MOVED = {
+    "speckv.hf.codec": "speckv.codec",
+    "speckv.hf.predictors": "speckv.predictors",
+    "speckv.hf.models": "speckv.models",
+    "speckv.hf.cuda": "speckv.cuda",
+    "speckv.hf.stores": "speckv.prefix",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``speckv.hf.codec.codec`` and the like as the module they moved to (the same
+    module object, so ``isinstance`` and monkeypatching see one module), warning once each."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.util.spec_from_loader(name, self) if _new_name(name) is not None else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = _new_name(spec.name)
+        assert new is not None
+        warnings.warn(f"{spec.name} moved to {new} (the old path goes after 0.1)", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass  # the module it moved to is imported already
+
+
+def _new_name(name: str) -> str | None:
+    for old, new in MOVED.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return None
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())  # before the path finder, which would load a second copy
 
 __all__ = [
     "BlockCodec",

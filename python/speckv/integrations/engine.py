@@ -4,12 +4,12 @@ checkpoint folder and a calibration file, with no Hugging Face model in memory.
 The engine holds the model; speckv needs only what its predictor reads. For the layer-wise
 predictors (``map``: layer 0 from the token ids, later layers from the decoded ones;
 ``prefix:N``: the first N layers) that is the embedding and the first layers, read from the
-checkpoint (``speckv.hf.models.checkpoint.load_trunk``); for ``stats`` nothing at all. The codec's
+checkpoint (``speckv.models.checkpoint.load_trunk``); for ``stats`` nothing at all. The codec's
 identity (the checkpoint's fingerprint, the calibration, the predictor, the storage dtype, the
 block size) names every stored block, so an entry made under any other is never served.
 
 Without a calibration (``calibration=None``) the blocks are coded predictor-free with the fast
-lane (``speckv.hf.stores.free_store.FreePrefixStore``): no calibration file, no weights, and a restore
+lane (``speckv.prefix.free_store.FreePrefixStore``): no calibration file, no weights, and a restore
 that is decoding alone, at about twice the stored size of a predicted one (bf16 and fp16).
 
 Every fault is the engine's cue to recompute: ``match`` answers 0 and ``load`` the tokens it
@@ -37,7 +37,7 @@ from ..store import Backend, DirectoryBackend, RedisBackend
 from ..store.redis_backend import SCHEMES as REDIS_SCHEMES
 
 if TYPE_CHECKING:
-    from ..hf.stores.free_store import StoredBlock
+    from ..prefix.free_store import StoredBlock
 
 log = logging.getLogger("speckv.engine")
 
@@ -74,7 +74,7 @@ def open_backend(
     """A ``speckv.store`` backend from a spec: a folder path, a ``redis://`` / ``rediss://`` /
     ``unix://`` URL, or ``"memory"`` (the host-RAM tier ``memory_tier_path(name)``, shared by
     the processes of one engine); a list of specs stacks them, upper first
-    (``speckv.tiered.TieredBackend``: RAM over a folder or Redis). ``max_bytes`` bounds a
+    (``speckv.store.tiered.TieredBackend``: RAM over a folder or Redis). ``max_bytes`` bounds a
     folder or the memory tier (evicting least recently used prefix tails); for a stack, one
     budget per tier (None: none). A Redis server's budget is its own ``maxmemory`` (with
     ``maxmemory-policy allkeys-lru``), so ``max_bytes`` for a URL is refused."""
@@ -83,7 +83,7 @@ def open_backend(
         budgets = list(max_bytes) if isinstance(max_bytes, (list, tuple)) else [max_bytes] + [None] * (len(specs) - 1)
         if len(budgets) != len(specs):
             raise ValueError(f"max_bytes: {len(budgets)} budgets for {len(specs)} tiers")
-        from ..tiered import TieredBackend
+        from ..store.tiered import TieredBackend
 
         return TieredBackend([open_backend(s, max_bytes=b, name=name) for s, b in zip(specs, budgets)])
     if isinstance(max_bytes, (list, tuple)):
@@ -134,12 +134,12 @@ class EngineStore:
         max_bytes: int | Sequence[int | None] | None = None,
         name: str = "default",
     ) -> None:
-        from ..hf.codec.codec import SpeculativeCodec
-        from ..hf.codec.from_description import predictor_from_description
-        from ..hf.models.checkpoint import checkpoint_fingerprint, load_trunk, skeleton
-        from ..hf.predictors.calibration import Calibration
-        from ..hf.stores.free_store import FreePrefixStore
-        from ..hf.stores.prefix_store import PrefixStore
+        from ..codec.codec import SpeculativeCodec
+        from ..codec.from_description import predictor_from_description
+        from ..models.checkpoint import checkpoint_fingerprint, load_trunk, skeleton
+        from ..predictors.calibration import Calibration
+        from ..prefix.free_store import FreePrefixStore
+        from ..prefix.prefix_store import PrefixStore
 
         if cache_dtype not in CACHE_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in CACHE_DTYPES)
@@ -182,9 +182,9 @@ class EngineStore:
     def _free(self, folder: Path, backend: Backend, threads: int | None, coding: str) -> None:
         """The predictor-free (or raw) store (``calibration=None``): the model's config, no
         weights."""
-        from ..hf.models.architecture import text_config
-        from ..hf.models.checkpoint import checkpoint_fingerprint, skeleton
-        from ..hf.stores.free_store import FreePrefixStore
+        from ..models.architecture import text_config
+        from ..models.checkpoint import checkpoint_fingerprint, skeleton
+        from ..prefix.free_store import FreePrefixStore
 
         if self.dtype == "fp8":
             raise ValueError(
@@ -265,7 +265,7 @@ class EngineStore:
         """A predictor-free store's entries of ``token_ids``' longest stored prefix from block
         ``start`` on, read and checked, for ``prefix.decode_layers`` to restore layer by layer
         (``FreePrefixStore.read_blocks``); ``[]`` on any fault, and for a predicted store."""
-        from ..hf.stores.free_store import FreePrefixStore
+        from ..prefix.free_store import FreePrefixStore
 
         if not isinstance(self.prefix, FreePrefixStore):
             return []

@@ -1,4 +1,5 @@
-"""Where compressed cache blocks live: one small interface, three backends.
+"""Where compressed cache blocks live: one small interface, three backends, and tiers of them
+(``TieredBackend``: RAM over a disk folder or Redis, each with its own budget).
 
 A backend maps keys to entries. Keys are lowercase hex digests (16 to 64 digits): the prefix
 store names a token block by a hash chain over the blocks up to it, so a key also names its
@@ -67,6 +68,7 @@ from .directory import DirectoryBackend, write_whole
 from .entry import ENTRY_HEADER, ENTRY_MAGIC, ENTRY_VERSION, StoreError, check_key, pack_entry, unpack_entry
 from .memory import MemoryBackend
 from .redis_backend import RedisBackend
+from .tiered import TieredBackend
 
 __all__ = [
     "ENTRY_HEADER",
@@ -77,6 +79,7 @@ __all__ = [
     "MemoryBackend",
     "RedisBackend",
     "StoreError",
+    "TieredBackend",
     "check_key",
     "pack_entry",
     "touch_chain",

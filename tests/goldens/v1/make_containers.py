@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 import transformers
 
+from speckv.codec import codec as codec_module
 from speckv.hf import ChannelStatsPredictor, SpeculativeCodec
-from speckv.hf.codec import codec as codec_module
-from speckv.hf.models.cache import extract_kv, prefill
-from speckv.hf.predictors.calibration import Calibration
+from speckv.models.cache import extract_kv, prefill
+from speckv.predictors.calibration import Calibration
 
 OUT = Path(__file__).resolve().parent / "containers"
 WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}

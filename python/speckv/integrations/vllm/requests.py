@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from ...hf.stores.free_store import StoredBlock
+from ...prefix.free_store import StoredBlock
 from ..paged import UnsupportedLayoutError
 
 _LAYER = re.compile(r"layers\.(\d+)\.")

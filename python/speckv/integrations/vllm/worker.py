@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from vllm.logger import init_logger
 
-from ...hf.stores.free_store import FreePrefixStore, StoredBlock
+from ...prefix.free_store import FreePrefixStore, StoredBlock
 from ..engine import EngineStore
 from ..layer_loader import LayerLoader
 from ..paged import PagedLayout, UnsupportedLayoutError, host_ready

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ..._speckv import SpeckvError
+from .._speckv import SpeckvError
 from . import module as loaded
 from .module import _f32, _ptr
 
 
 def fp8_quantize(x: Any, scale: float) -> Any:
     """``x / scale`` saturated to +-448 and rounded to float8_e4m3fn, on x's GPU: the fp8
-    mode's stored cache, bit for bit what ``speckv.hf.predictors.calibration.fp8_quantize`` makes."""
+    mode's stored cache, bit for bit what ``speckv.predictors.calibration.fp8_quantize`` makes."""
     import torch
 
     module, stream = loaded._module(x)

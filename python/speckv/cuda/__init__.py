@@ -13,8 +13,8 @@ with the CUDA driver into torch's current context and launched on torch's curren
 Nothing here imports torch or CUDA packages until a function is called, and `available()`
 says whether one can be.
 
->>> import speckv.hf.cuda
->>> isinstance(speckv.hf.cuda.available(), bool)
+>>> import speckv.cuda
+>>> isinstance(speckv.cuda.available(), bool)
 True
 """
 

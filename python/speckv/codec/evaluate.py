@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ... import _api
+from .. import _api
 from ..models.cache import KV, extract_kv, last_tokens, prefill, recompute
 from ..predictors.layerwise import is_layerwise
 from .codec import SpeculativeCodec

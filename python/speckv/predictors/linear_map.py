@@ -11,7 +11,7 @@ from typing import cast
 
 import torch
 
-from ... import _speckv
+from .. import _speckv
 
 # The maps' integer sums on one of the core's threads unless told more: a restore's walk
 # gives them the decoder's threads once the model's forward pass is over (``decode_walk``;

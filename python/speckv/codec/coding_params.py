@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ... import _api
+from .. import _api
 from ..predictors.calibration import Calibration
 from .joint_models import JointModels, joint_layers
 from .kernels import CUDA, HOST, CudaKernels, HostKernels, kernels_for

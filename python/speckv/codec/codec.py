@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from ... import _api, container
-from ..._speckv import PredictionMismatchError
+from .. import _api, container
 from .. import cuda as speckv_cuda
+from .._speckv import PredictionMismatchError
 from ..models.architecture import check_architecture, layer_windows, text_config
 from ..models.cache import KV, build_cache, extract_kv, restore_device
 from ..predictors.base import AnyPredictor, ChannelStatsPredictor

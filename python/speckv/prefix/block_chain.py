@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..._speckv import CorruptStreamError, PredictionMismatchError
-from ...store import Backend, StoreError, pack_entry, touch_chain, unpack_entry
+from .._speckv import CorruptStreamError, PredictionMismatchError
+from ..store import Backend, StoreError, pack_entry, touch_chain, unpack_entry
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import _api, _arrays
+from .. import _api, _arrays
 from ..models.cache import prefill
 from .early_exit import DEFAULT_THREADS, HISTORY, ModelPrefixPredictor
 from .linear_map import apply_map, feature_shifts, integer_map

@@ -36,7 +36,7 @@ class Predictor(Protocol):
 
 
 # What the codec, calibration and stores accept: a whole-prompt predictor or a layer-wise one
-# (``speckv.hf.predictors.layerwise``), told apart by ``is_layerwise``.
+# (``speckv.predictors.layerwise``), told apart by ``is_layerwise``.
 AnyPredictor = Union[Predictor, LayerwisePredictor]
 
 

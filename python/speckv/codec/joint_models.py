@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import _api
+from .. import _api
 from ..predictors.calibration import Calibration
 from .modes import joint_key
 

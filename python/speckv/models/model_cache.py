@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..._cache_dir import cache_dir
+from .._cache_dir import cache_dir
 
 SOURCE_CONFIG = "speckv-source-config.json"  # the GGUF load's config, in the cached folder
 

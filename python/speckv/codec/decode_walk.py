@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import _api, _speckv, container
-from ..._speckv import CorruptStreamError
+from .. import _api, _speckv, container
+from .._speckv import CorruptStreamError
 from ..models.cache import last_tokens
 from ..predictors.base import fixed_threads
 from .block_layout import join, per_layer_batch

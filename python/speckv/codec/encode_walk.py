@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ... import _api, container
+from .. import _api, container
 from ..models.cache import KV, last_tokens
 from .block_layout import (
     CHUNKS_PER_LAYER,
@@ -60,7 +60,7 @@ def encode_container(
     first = next(layers, None)
     if first is None:
         raise ValueError(f"prediction: no layers, the cache has {n_layers}")
-    # the GPU coder (speckv.hf.cuda.encode) where cache and prediction are on a GPU the CUDA
+    # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
     # module runs on: only coded bytes cross to the host. The exact model (the fast one
     # codes on the host); the bytes are the host's either way.
     on_device = layout == "stacked" and model == "exact" and codes_on_gpu(kv, [first])

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from ...store import Backend
 from ..codec.blocks import BlockCodec
 from ..codec.codec import SpeculativeCodec
 from ..codec.modes import MODES
@@ -38,6 +37,7 @@ from ..models.architecture import UnsupportedModelError, layer_windows, text_con
 from ..models.cache import KV, build_cache, cache_argument, restore_device
 from ..predictors.base import ChannelStatsPredictor, describe
 from ..predictors.early_exit import ModelPrefixPredictor, PrefixState
+from ..store import Backend
 from .block_chain import BlockChain, chain_keys
 from .block_chain import prompt_ids as _ids
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ... import _speckv
-from ..._cache_dir import cache_dir
-from ..._speckv import SpeckvError
+from .. import _speckv
+from .._cache_dir import cache_dir
+from .._speckv import SpeckvError
 
 #: threads per block of every kernel (grid-stride loops: any size works)
 BLOCK = 256
@@ -230,7 +230,7 @@ def _module(tensor: Any) -> tuple[_Module, int]:
     import torch
 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-        raise TypeError("speckv.hf.cuda works on CUDA tensors; give CPU tensors to the CPU path")
+        raise TypeError("speckv.cuda works on CUDA tensors; give CPU tensors to the CPU path")
     if not available():
         raise CudaUnavailableError("no CUDA device, or the cuda-bindings package is missing")
     device = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()

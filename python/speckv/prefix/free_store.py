@@ -8,7 +8,7 @@ is decoding alone (about a gigabyte of cache per second per core). It is
 larger than what the predicted ``PrefixStore`` stores (measured on the demo model, 16-token
 blocks: ~11.0 bits per bf16 scalar, against ~5.3 with a predictor) and smaller than zstd's; the
 engine's choice of the two is TTFT against memory. Blocks are keyed as ``PrefixStore`` keys
-them (``speckv.hf.stores.block_chain``), under a namespace of the model's fingerprint, the coding,
+them (``speckv.prefix.block_chain``), under a namespace of the model's fingerprint, the coding,
 the storage dtype and the block size. The key inside the entry is what stands in for the
 predicted store's prompt fingerprint: an entry written under another key (a foreign writer, a
 misplaced file) is refused, never served as this prefix's cache.
@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import _api, _arrays
-from ..._speckv import CorruptStreamError
-from ...store import Backend
+from .. import _api, _arrays
+from .._speckv import CorruptStreamError
+from ..store import Backend
 from .block_chain import BlockChain, prompt_ids
 
 # 2: blocks written by vLLM's connector before it read vLLM's amx layout (2026-12-02) held

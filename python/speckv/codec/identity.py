@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ... import container
-from ..._speckv import CorruptStreamError
+from .. import container
+from .._speckv import CorruptStreamError
 from ..predictors.base import describe
 from ..predictors.calibration import Calibration, CalibrationMismatchError
 from .modes import MODES

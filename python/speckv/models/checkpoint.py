@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..._speckv import SpeckvError
+from .._speckv import SpeckvError
 from ..predictors.calibration import fingerprint_config
 
 

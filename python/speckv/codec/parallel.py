@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ... import _api
+from .. import _api
 
 
 def parallel(fn: Callable[[Any], Any], jobs: list[Any], threads: int | None) -> list[Any]:

@@ -3,7 +3,7 @@ into coded bytes (quantise to fp8, the coder's ``mu``, per-scalar sigma codes, t
 itself), each with the same bits on either side (``cuda/README.md``).
 
 ``HostKernels`` runs them on the CPU; ``CudaKernels`` on the GPU a tensor is on, through
-``speckv.hf.cuda``, handing back host tensors unless told to keep them where they are (for the
+``speckv.cuda``, handing back host tensors unless told to keep them where they are (for the
 GPU coder). ``kernels_for`` picks one from a tensor and the codec's ``device`` setting; the
 codec's walks call the seam and never branch on the device themselves.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import _api, _speckv
+from .. import _api, _speckv
 from .. import cuda as speckv_cuda
 from ..predictors.calibration import fp8_quantize
 from .target import Target
@@ -71,7 +71,7 @@ class HostKernels:
 
 
 class CudaKernels:
-    """The steps on the GPU the tensors are on (``speckv.hf.cuda``): the same bits as the
+    """The steps on the GPU the tensors are on (``speckv.cuda``): the same bits as the
     host's; only results cross to the host, and with ``keep`` not even those."""
 
     on_gpu = True
@@ -128,7 +128,7 @@ def kernels_for(t: torch.Tensor, device: str | None) -> HostKernels | CudaKernel
 
 
 def codes_on_gpu(kv: Any, prediction: Any, device: str | None) -> bool:
-    """Whether the GPU coder (``speckv.hf.cuda.encode``) codes this cache: it and its
+    """Whether the GPU coder (``speckv.cuda.encode``) codes this cache: it and its
     prediction (per layer ``(K, V)``) are on one GPU the CUDA module runs on (``device``: as
     ``kernels_for`` takes it)."""
     tensors = [t for pair in (*kv, *prediction) for t in pair]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._speckv import SpeckvError
+from .._speckv import SpeckvError
 
 # layer types (transformers' ``config.layer_types``) whose cache is a (K, V) per held token
 FULL = "full_attention"

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ... import _api
+from .. import _api
 from ..models.cache import KV
 from ..predictors.early_exit import ModelPrefixPredictor
 from ..predictors.prefix_pass import PrefixState
