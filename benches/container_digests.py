@@ -8,7 +8,10 @@ held-out prompts compressed in bf16 and fp8 with the default coder model and the
 
 Each line: predictor, prompt, mode, coder model, SHA-256 (16 hex digits) and length of the
 container; each predictor's calibration file's digest; whether the bf16 container decodes to
-the cache bit for bit.
+the cache bit for bit; and for the predictors a prefix store takes (``default``, ``map``,
+``stats``), the digest of every entry a ``PrefixStore`` writes for both prompts (blocks of 64
+tokens, the second prompt sharing the first's first block) and whether ``get`` returns them
+bit for bit.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from speckv.hf import (
     ChannelStatsPredictor,
     Fp8Predictor,
     ModelPrefixPredictor,
+    PrefixStore,
     SpeculativeCodec,
     bundled_text,
     extract_kv,
@@ -31,6 +35,9 @@ from speckv.hf import (
     prefill,
     prompts,
 )
+from speckv.store import MemoryBackend
+
+STORE_BLOCK = 64
 
 
 def digest(data: bytes) -> str:
@@ -70,6 +77,29 @@ def main() -> None:
             restored = extract_kv(codec.decompress(codec.compress(cache, ids, dtype="bf16"), ids))
             exact = all(torch.equal(a, b) for pair, kv in zip(restored, cache) for a, b in zip(pair, kv))
             print(name, i, "round trip", exact)
+        if name in ("default", "map", "stats"):
+            store_digests(name, codec, model, held_out)
+
+
+def store_digests(name: str, codec: SpeculativeCodec, model: object, held_out: list[torch.Tensor]) -> None:
+    """Every entry a prefix store writes for the held-out prompts (the second one starting
+    with the first's first block, so that a block is found stored and walked past), and
+    whether ``get`` serves each prompt's blocks bit for bit."""
+    backend = MemoryBackend()
+    store = PrefixStore(codec, backend, block_size=STORE_BLOCK)
+    first, other = held_out
+    second = torch.cat([first[:, :STORE_BLOCK], other[:, STORE_BLOCK:]], dim=1)
+    for i, ids in enumerate((first, second)):
+        cache = prefill(model, ids)
+        store.put(ids, cache)
+        got, n = store.get(ids)
+        whole = ids.shape[1] // STORE_BLOCK * STORE_BLOCK
+        exact = n == whole and all(
+            torch.equal(a, b[:, :, :whole]) for pair, kv in zip(extract_kv(got), cache) for a, b in zip(pair, kv)
+        )
+        print(name, i, "store get", n, exact)
+    for key in sorted(backend.keys()):
+        print(name, "store entry", key[:16], digest(backend.get(key) or b""))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 python3 -c "import speckv.cuda as c; print('available:', c.available(), 'sources', c.source_digest())" 2>&1 | tee "$OUT/env.txt"
-(cd tests && python3 -m pytest -q -rs test_cuda_source.py test_cuda_coder.py test_cuda_stats.py) 2>&1 | tee "$OUT/tests.txt"
+(cd tests && python3 -m pytest -q -rs cuda) 2>&1 | tee "$OUT/tests.txt"
 python3 benches/bench_cuda.py --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench.txt"
 # vLLM's GPU paged layouts on CUDA tensors (issue 37): every layout and dtype read, written and
 # round-tripped exactly, and the device<->host copies of a request's blocks against pinned copies

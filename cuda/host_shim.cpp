@@ -1,6 +1,6 @@
 // The CPU build of speckv_params.cuh and speckv_coder.cuh, for the tests: the very code the
 // kernels run, looped over arrays behind a C ABI that ctypes can call. Build
-// (tests/test_cuda_source.py does it):
+// (tests/cuda/test_cuda_source.py does it):
 //   c++ -O2 -std=c++17 -ffp-contract=off -shared -fPIC -pthread cuda/host_shim.cpp -o libspeckv_params.so
 // -ffp-contract=off keeps the compiler from fusing a*b+c (the Rust core never does).
 #include "speckv_coder.cuh"

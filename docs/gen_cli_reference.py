@@ -1,5 +1,5 @@
 """Writes docs/cli.md from the ``speckv`` command's own parser (``python docs/gen_cli_reference.py``);
-``tests/test_docs.py`` checks that the page is what this script writes."""
+``tests/repo/test_docs.py`` checks that the page is what this script writes."""
 
 from __future__ import annotations
 

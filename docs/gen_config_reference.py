@@ -1,5 +1,5 @@
 """Writes docs/configuration.md from the integrations' typed settings (``speckv.settings``:
-``python docs/gen_config_reference.py``); ``tests/test_config.py`` checks that the page is what
+``python docs/gen_config_reference.py``); ``tests/integrations/test_config.py`` checks that the page is what
 this script writes."""
 
 from __future__ import annotations

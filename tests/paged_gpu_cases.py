@@ -1,5 +1,5 @@
 """The GPU kind of ``speckv.integrations.paged`` on buffers vLLM's own code lays out, on CPU
-tensors: run inside the vLLM virtualenv by ``tests/test_paged_gpu.py`` (``python -m pytest
+tensors: run inside the vLLM virtualenv by ``tests/integrations/test_paged_gpu.py`` (``python -m pytest
 tests/paged_gpu_cases.py`` there), since the layouts come from the installed vLLM, not from
 numbers typed here.
 
@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 vllm_layout = pytest.importorskip("vllm.v1.kv_cache_layout")
 import vllm  # noqa: E402
-from test_engine_store import checkpoint  # noqa: E402, F401  (a tiny model's folder and calibration)
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheTensor,
@@ -34,6 +33,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 
 from speckv.integrations.paged import GPU, GPU_BACKENDS, PagedLayout, UnsupportedLayoutError  # noqa: E402
+from tiny_models import checkpoint  # noqa: E402, F401  (a tiny model's folder and calibration)
 
 LAYOUTS = list(vllm_layout.KVCacheLayout)
 DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]
@@ -243,10 +243,9 @@ def test_the_connectors_worker_side_round_trips_through_an_engine_store(checkpoi
     (``save_now``: the calibrated predictor's store, or the predictor-free one), loaded back
     and written into other blocks (``start_load_kv``: ``write``): those blocks then hold, in
     every layer, exactly what the first ones held."""
-    from test_hf import ids
-
     from speckv.integrations.engine import EngineStore
     from speckv.store import MemoryBackend
+    from tiny_models import ids
 
     folder, cal, model = checkpoint
     if dtype == torch.float8_e4m3fn and not calibrated:

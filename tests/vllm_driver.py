@@ -1,4 +1,4 @@
-"""One vLLM engine run for tests/test_vllm.py and benches/bench_vllm.py (run in the vLLM
+"""One vLLM engine run for tests/integrations/test_vllm.py and benches/bench_vllm.py (run in the vLLM
 virtualenv, ``.ci/vllm-venv``; one process per run, so that a second run is a restart).
 
     python tests/vllm_driver.py CONFIG.json

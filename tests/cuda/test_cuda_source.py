@@ -17,7 +17,7 @@ import speckv  # noqa: E402
 import speckv.cuda  # noqa: E402
 from speckv import _speckv  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CUDA = ROOT / "cuda"
 
 
@@ -292,9 +292,8 @@ def test_gpu_coding_mu_matches_the_codec():
 
 def test_the_codec_checks_its_device_argument():
     pytest.importorskip("transformers")
-    from test_hf import tiny_model
-
     from speckv.hf import SpeculativeCodec
+    from tiny_models import tiny_model
 
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="device"):
@@ -311,11 +310,9 @@ def test_the_codec_checks_its_device_argument():
 def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     """The CUDA module codes a cache and prediction on the GPU (with the joint model or
     without) into the bytes the same on the host give, which a CPU-only decoder restores."""
-    from test_hf import ids, tiny_model
-    from test_layerwise import assert_same
-
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
     from speckv.models.cache import other_kernels
+    from tiny_models import assert_same, ids, tiny_model
 
     model = tiny_model("llama")
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
@@ -342,10 +339,10 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
 def test_a_gpu_fp8_predictor_is_rebuilt_on_the_cpu_where_there_is_no_gpu():
     pytest.importorskip("transformers")
     import torch
-    from test_hf import ids, tiny_model
 
     from speckv.codec.from_description import predictor_from_description
     from speckv.hf import Fp8Predictor
+    from tiny_models import ids, tiny_model
 
     model = tiny_model("llama")
     cpu = Fp8Predictor(model)
@@ -365,11 +362,10 @@ def test_a_gpu_fp8_predictor_is_rebuilt_on_the_cpu_where_there_is_no_gpu():
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
 def test_the_fp8_predictor_on_the_gpu_restores_exactly(mode):
     import torch
-    from test_hf import ids, tiny_model
-    from test_layerwise import assert_same
 
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
     from speckv.models.cache import other_kernels
+    from tiny_models import assert_same, ids, tiny_model
 
     model = tiny_model("llama")
     predictor = Fp8Predictor(model, device="cuda")

@@ -12,7 +12,7 @@ import numpy as np
 
 import speckv
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benches"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benches"))
 import profile_restore  # noqa: E402
 
 

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import speckv
+from services import free_port, redis_cluster_url, redis_server, redis_url, start_redis  # noqa: F401  (loopback Redis)
 from speckv.store import (
     DirectoryBackend,
     MemoryBackend,
@@ -244,112 +245,6 @@ def test_readers_in_other_processes_see_whole_entries(tmp_path):
         assert r.returncode == 0 and out.strip() == "20"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def redis_server() -> str:
-    """The redis-server program and the client package, or the test skips saying which is
-    missing."""
-    pytest.importorskip("redis", reason="the redis client package is not installed")
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    return server
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    server = redis_server()
-    port = _free_port()
-    proc = _start_redis(server, port, tmp_path_factory.mktemp("redis"))
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-def _start_redis(server: str, port: int, folder, *options: str) -> subprocess.Popen:
-    """A redis-server on the loopback ``port`` (no persistence; more ``options``), once it
-    accepts connections; skips the test if it does not start."""
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
-        + list(options),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.skip("redis-server did not start")
-
-
-def start_redis_cluster(folder, masters: int = 3) -> tuple[str, list[subprocess.Popen]]:
-    """A Redis Cluster of ``masters`` masters on loopback ports (the OS package's
-    ``redis-server`` and ``redis-cli --cluster create``), once every slot is served:
-    (``redis-cluster://`` URL, the server processes). Skips the test if it cannot start."""
-    server = redis_server()
-    cli = shutil.which("redis-cli")
-    if cli is None:
-        pytest.skip("redis-cli is not installed (apt-get install redis-server; .ci/run does)")
-    ports: list[int] = []
-    while len(ports) < masters:  # each node also listens on its port + 10000 (the cluster bus)
-        port = _free_port()
-        if port < 55000 and port not in ports and _port_free(port + 10000):
-            ports.append(port)
-    procs: list[subprocess.Popen] = []
-    try:
-        for port in ports:
-            node = folder / str(port)
-            node.mkdir()
-            cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            procs.append(_start_redis(server, port, node, *cluster))
-    except BaseException:  # a node did not start (the test skips): none is left running
-        for proc in procs:
-            proc.kill()
-        raise
-    create = subprocess.run(
-        [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0", "--cluster-yes"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    deadline = time.time() + 30
-    while create.returncode == 0 and time.time() < deadline:
-        # every node's own view: one node may say ok while another still thinks the cluster down
-        views = [subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True, text=True) for p in ports]
-        if all("cluster_state:ok" in v.stdout for v in views):
-            return f"redis-cluster://127.0.0.1:{ports[0]}", procs
-        time.sleep(0.1)
-    for proc in procs:
-        proc.kill()
-    pytest.skip(f"the Redis Cluster did not form: {create.stdout[-300:]} {create.stderr[-300:]}")
-
-
-@pytest.fixture(scope="module")
-def redis_cluster_url(tmp_path_factory):
-    url, procs = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
-    yield url
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def test_a_redis_cluster_stores_every_key_on_its_slots_master(redis_cluster_url):
     """Entries spread over the cluster's masters; every call answers as a single server's:
     first writer wins, absent keys are None, a deleted key is gone, keys() sees every node."""
@@ -373,8 +268,8 @@ def test_a_redis_server_killed_and_restarted_mid_chain(tmp_path):
     a wrong or partial answer); restarted empty (no persistence), the lost entries are absent,
     not wrong, and the chain is stored again."""
     server = redis_server()
-    port = _free_port()
-    proc = _start_redis(server, port, tmp_path)
+    port = free_port()
+    proc = start_redis(server, port, tmp_path)
     try:
         b = RedisBackend(f"redis://127.0.0.1:{port}/0", prefix="kill:")
         entries = chain(4)
@@ -386,7 +281,7 @@ def test_a_redis_server_killed_and_restarted_mid_chain(tmp_path):
         for call in (lambda: b.put(k, pack_entry(v, k), parent), lambda: b.get(entries[0][0]), b.keys):
             with pytest.raises(StoreError):
                 call()
-        proc = _start_redis(server, port, tmp_path)
+        proc = start_redis(server, port, tmp_path)
         assert b.get(entries[0][0]) is None and b.keys() == []
         for k, v, parent in entries:
             assert b.put(k, pack_entry(v, k), parent)
@@ -423,7 +318,7 @@ def test_redis_prefixes_are_literal_not_globs(redis_url):
 
 def test_redis_backend_reports_a_dead_server():
     pytest.importorskip("redis")
-    b = RedisBackend(f"redis://127.0.0.1:{_free_port()}/0")
+    b = RedisBackend(f"redis://127.0.0.1:{free_port()}/0")
     with pytest.raises(StoreError, match="redis"):
         b.get(key(1))
 

@@ -224,11 +224,11 @@ def test_the_memory_backend_keeps_the_same_order():
 @pytest.fixture
 def small_redis(tmp_path):
     """A redis-server whose budget is its own: ``maxmemory`` 2 MB, ``allkeys-lru``."""
-    from test_store import _free_port, _start_redis, redis_server
+    from services import free_port, redis_server, start_redis
 
     server = redis_server()
-    port = _free_port()
-    proc = _start_redis(server, port, tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+    port = free_port()
+    proc = start_redis(server, port, tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
     yield f"redis://127.0.0.1:{port}/0"
     proc.kill()
     proc.wait(timeout=10)

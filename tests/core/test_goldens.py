@@ -6,7 +6,7 @@ The rule, enforced here: while ``speckv.FORMAT_VERSION``, ``speckv.FAST_LANE_VER
 every golden byte for byte;
 a change that alters a golden is a format change, so it bumps a version, and then the files
 written under the old one must still decode (they always must). Regenerating the files is a
-deliberate act: ``python tests/test_goldens.py --write`` (and only with a version bump).
+deliberate act: ``python tests/core/test_goldens.py --write`` (and only with a version bump).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 import speckv
 from speckv import container
 
-HERE = pathlib.Path(__file__).resolve().parent / "goldens"
+HERE = pathlib.Path(__file__).resolve().parents[1] / "goldens"
 DTYPES = {
     "bf16": ml_dtypes.bfloat16,
     "fp16": np.float16,
@@ -109,7 +109,7 @@ def test_the_encoder_writes_every_golden_while_the_versions_stand():
     assert not changed, (
         f"{changed}: the encoder no longer writes these goldens. That is a format change: bump "
         "FORMAT_VERSION (or FAST_LANE_VERSION, BINS_VERSION), keep decoding the old streams, then regenerate "
-        "(python tests/test_goldens.py --write)"
+        "(python tests/core/test_goldens.py --write)"
     )
 
 
@@ -195,5 +195,5 @@ def write() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/test_goldens.py --write   (only with a format version bump)")
+        sys.exit("usage: python tests/core/test_goldens.py --write   (only with a format version bump)")
     write()

@@ -1,4 +1,4 @@
-"""The LMCache serde against LMCache's own classes: ``tests/test_lmcache.py`` run in the LMCache
+"""The LMCache serde against LMCache's own classes: ``tests/integrations/test_lmcache.py`` run in the LMCache
 virtualenv (``.ci/lmcache-venv``: LMCache 0.5.6 and its pins, apart from the core's and vLLM's
 virtualenvs), where none of its tests may skip. Skips with the reason where that virtualenv is
 missing (``SPECKV_LMCACHE_PYTHON`` names another)."""

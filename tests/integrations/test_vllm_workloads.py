@@ -16,8 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from test_store import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 from vllm_engine import BLOCK, records, speckv_lines, swap_payloads  # noqa: E402
+
+from services import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +199,11 @@ def test_redis_killed_and_restarted_mid_workload(engine, workload, tmp_path):
     """The tier's Redis server shut down after the first pass and started again (empty) one
     request later: the run completes, every output equals no connector's, the faults are
     counted."""
-    from test_store import _free_port, _start_redis, redis_server
+    from services import free_port, redis_server, start_redis
 
     server = redis_server()
-    port = _free_port()
-    proc = _start_redis(server, port, tmp_path)
+    port = free_port()
+    proc = start_redis(server, port, tmp_path)
     restart = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     load, none = workload
     load = dict(

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the hf extra: pip install 'speckv-rs[hf]'")
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benches"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benches"))
 import joint_structure  # noqa: E402
 
 

@@ -19,14 +19,12 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf import calibrated, ids, tiny_model  # noqa: E402,F401
-from test_layerwise import WORDS, assert_same  # noqa: E402
-
 import speckv  # noqa: E402
 from speckv import container  # noqa: E402
 from speckv.codec import encode_walk  # noqa: E402
 from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.models.cache import other_kernels, prefill  # noqa: E402
+from tiny_models import WORDS, assert_same, calibrated, ids, tiny_model  # noqa: E402,F401  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +270,7 @@ def test_prompts_of_several_default_blocks(any_codec, mode):
     assert torch.equal(v.view(WORDS[mode]), want[1].view(WORDS[mode]))
 
 
-V1_DIR = pathlib.Path(__file__).resolve().parent / "goldens" / "v1" / "containers"
+V1_DIR = pathlib.Path(__file__).resolve().parents[1] / "goldens" / "v1" / "containers"
 V1_CONTAINERS = json.loads((V1_DIR / "manifest.json").read_text())
 
 

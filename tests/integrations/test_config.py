@@ -15,7 +15,7 @@ from speckv.integrations.lmcache_config import LMCacheSerdeConfig
 from speckv.integrations.tier_config import TierConfig
 from speckv.settings import ENVIRONMENT, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [ConnectorConfig, TierConfig, LMCacheSerdeConfig]
 # the least each configuration needs
 MINIMAL = {

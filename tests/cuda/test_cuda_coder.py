@@ -336,10 +336,9 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     tensors, the joint model's channel-major layers, the keys' residuals handed to the values
     stream) on CPU tensors with the kernels' host build: the container the host path writes."""
     pytest.importorskip("transformers")
-    from test_hf import ids, tiny_model
-
     from speckv.hf import Fp8Predictor, SpeculativeCodec
     from speckv.models.cache import other_kernels
+    from tiny_models import ids, tiny_model
 
     model = tiny_model("llama")
     codec = SpeculativeCodec(model, predictor=Fp8Predictor(model), joint=joint)
@@ -370,7 +369,7 @@ def test_the_gpu_benchmark_runs_on_the_host_build(host_gpu):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benches" / "bench_cuda.py"
+    path = Path(__file__).resolve().parents[2] / "benches" / "bench_cuda.py"
     spec = importlib.util.spec_from_file_location("bench_cuda", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

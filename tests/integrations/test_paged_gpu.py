@@ -16,11 +16,11 @@ from vllm_engine import vllm_python  # noqa: E402
 
 from helpers import pytest_elsewhere  # noqa: E402
 
-HERE = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_every_gpu_layout_of_the_installed_vllm_round_trips_bit_for_bit():
-    pytest_elsewhere(vllm_python(), HERE / "paged_gpu_cases.py")
+    pytest_elsewhere(vllm_python(), TESTS / "paged_gpu_cases.py")
 
 
 def test_the_gpu_paged_benchmark_runs_on_the_host(tmp_path):
@@ -30,7 +30,7 @@ def test_the_gpu_paged_benchmark_runs_on_the_host(tmp_path):
     import importlib.util
     import json
 
-    path = HERE.parent / "benches" / "bench_paged_gpu.py"
+    path = TESTS.parent / "benches" / "bench_paged_gpu.py"
     spec = importlib.util.spec_from_file_location("bench_paged_gpu", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

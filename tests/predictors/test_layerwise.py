@@ -8,22 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf import ids, tiny_model  # noqa: E402
-
 import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.models.cache import other_kernels, prefill  # noqa: E402
-from speckv.predictors.calibration import CalibrationMismatchError, _RelativeFit, fp8_quantize  # noqa: E402
+from speckv.predictors.calibration import CalibrationMismatchError, _RelativeFit  # noqa: E402
 from speckv.predictors.linear_map import ridge_fit  # noqa: E402
 from speckv.predictors.rope import Rope  # noqa: E402
-
-WORDS = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
-
-
-def stored(codec, mode, layer, which, t):
-    if mode == "fp8":
-        return fp8_quantize(t, float(codec.calibration.fp8_scales[layer, which]))
-    return t.to({"bf16": torch.bfloat16, "fp16": torch.float16}[mode])
+from tiny_models import WORDS, assert_same, ids, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[("llama", 1), ("llama", 2), ("qwen3", 2), ("llama", 3)])
@@ -33,15 +24,6 @@ def prefix_codec(request):
     codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=layers))
     codec.calibrate([ids(48, s) for s in range(6)])
     return model, codec
-
-
-def assert_same(codec, mode, cache, back):
-    word = WORDS[mode]
-    for layer, ((k, v), (k2, v2)) in enumerate(zip(cache, back)):
-        for which, (a, b) in enumerate(((k, k2), (v, v2))):
-            ref = stored(codec, mode, layer, which, a)
-            assert b.dtype == ref.dtype and b.shape == ref.shape
-            assert torch.equal(ref.view(word), b.view(word)), (layer, which)
 
 
 @pytest.mark.parametrize("mode", list(WORDS))

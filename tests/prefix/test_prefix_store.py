@@ -8,14 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf import ids, tiny_model  # noqa: E402
-from test_store import redis_url  # noqa: E402,F401  (a redis-server on a loopback port)
-
+from services import redis_url  # noqa: E402,F401  (a redis-server on a loopback port)
 from speckv import PredictionMismatchError  # noqa: E402
 from speckv.hf import ModelPrefixPredictor, PrefixStore, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.models.cache import other_kernels, prefill  # noqa: E402
 from speckv.predictors.calibration import fp8_quantize  # noqa: E402
 from speckv.store import DirectoryBackend, MemoryBackend  # noqa: E402
+from tiny_models import ids, tiny_model  # noqa: E402
 
 BLOCK = 16
 
@@ -222,7 +221,7 @@ def test_an_entry_copied_under_another_key_is_not_kept_or_served(codec, tmp_path
 _WRITER = """
 import os, socket, sys
 sys.path.insert(0, {tests!r})
-from test_hf import ids, tiny_model
+from tiny_models import ids, tiny_model
 from speckv.hf import Calibration, ModelPrefixPredictor, PrefixStore, SpeculativeCodec
 from speckv.models.cache import other_kernels
 from speckv.store import DirectoryBackend, RedisBackend
@@ -262,7 +261,7 @@ def _writer(where, calibration, seed, n, mode="normal", prefix="speckv:"):
     import subprocess
     import sys
 
-    code = _WRITER.format(tests=str(pathlib.Path(__file__).resolve().parent), block=BLOCK)
+    code = _WRITER.format(tests=str(pathlib.Path(__file__).resolve().parents[1]), block=BLOCK)
     args = [sys.executable, "-c", code, str(where), prefix, str(calibration), str(seed), str(n), mode]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

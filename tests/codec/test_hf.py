@@ -20,40 +20,9 @@ from speckv.hf import (  # noqa: E402
 )
 from speckv.models.cache import other_kernels, prefill  # noqa: E402
 from speckv.predictors.calibration import CalibrationMismatchError, fp8_quantize  # noqa: E402
+from tiny_models import calibrated, ids, tiny_model  # noqa: E402,F401
 
 MODES = {"bf16": torch.int16, "fp16": torch.int16, "fp8": torch.uint8}
-
-
-def tiny_model(kind: str, seed: int = 0):
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-    )
-    if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
-    return model.to(torch.bfloat16).eval()
-
-
-def ids(n: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 96, (1, n), generator=g)
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
-def calibrated(request):
-    model = tiny_model(request.param)
-    codec = SpeculativeCodec(model, predictor=Fp8Predictor(model))
-    codec.calibrate([ids(64, s) for s in range(4)])
-    return model, codec
 
 
 def stored(codec, mode, layer, which, t):

@@ -16,7 +16,7 @@ import pytest
 from vllm_driver import engine_env
 from vllm_engine import vllm_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "quickstart" / "serve.sh"
 PAGE = ROOT / "docs" / "guides" / "vllm-serve.md"
 

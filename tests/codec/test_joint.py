@@ -10,13 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf import calibrated, ids, tiny_model  # noqa: E402,F401
-from test_layerwise import WORDS, assert_same  # noqa: E402
-
 import speckv  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.models.cache import other_kernels  # noqa: E402
 from speckv.predictors.joint_fit import JointFit  # noqa: E402
+from tiny_models import WORDS, assert_same, calibrated, ids, tiny_model  # noqa: E402,F401  # noqa: E402
 
 
 def test_joint_fit_recovers_a_conditional_structure():

@@ -20,8 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from test_store import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 from vllm_engine import BLOCK, records, speckv_lines, swap_payloads  # noqa: E402
+
+from services import redis_cluster_url, redis_url  # noqa: E402, F401  (Redis servers on loopback ports)
 
 
 @functools.cache

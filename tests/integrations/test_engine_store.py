@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_hf import ids, tiny_model  # noqa: E402
 
 from speckv.hf import ModelPrefixPredictor, SpeculativeCodec, model_fingerprint  # noqa: E402
 from speckv.integrations.engine import EngineStore  # noqa: E402
@@ -22,6 +21,7 @@ from speckv.integrations.paged import PagedLayout, UnsupportedLayoutError  # noq
 from speckv.models.cache import other_kernels  # noqa: E402
 from speckv.models.checkpoint import CheckpointError, checkpoint_fingerprint, load_trunk  # noqa: E402
 from speckv.store import MemoryBackend, StoreError  # noqa: E402
+from tiny_models import checkpoint, ids, tiny_model  # noqa: E402,F401
 
 BLOCK = 16
 DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]
@@ -166,19 +166,6 @@ def test_other_layouts_are_refused_by_name():
             head_dim=32,
             isa="amx",
         )
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny model as a transformers folder and a map-predictor calibration of it."""
-    folder = tmp_path_factory.mktemp("ckpt")
-    model = tiny_model("llama")
-    model.save_pretrained(str(folder))
-    codec = SpeculativeCodec(model, predictor=ModelPrefixPredictor(model, layers=1))
-    codec.calibrate([ids(48, s) for s in range(6)], fp8_scale=1.0)
-    cal = folder / "cal.safetensors"
-    codec.save(str(cal))
-    return folder, cal, model
 
 
 def test_the_trunk_predicts_as_the_whole_model_and_fingerprints_the_same(checkpoint):

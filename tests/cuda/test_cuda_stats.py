@@ -99,11 +99,10 @@ def test_calibration_statistics_agree_with_float64_sums():
     """The exact sums round once: sigmas and means within rounding of float64 torch sums
     (what calibration computed before), on a real calibration."""
     pytest.importorskip("transformers")
-    from test_hf import ids, tiny_model
-
     from speckv.hf import Fp8Predictor
     from speckv.models.cache import prefill
     from speckv.predictors.calibration import calibrate, fp8_quantize
+    from tiny_models import ids, tiny_model
 
     model = tiny_model("llama")
     predictor = Fp8Predictor(model)
@@ -151,11 +150,10 @@ def test_a_calibration_on_the_gpu_sums_what_the_host_sums():
     calibration's per-channel sums of them on the GPU equal the host's sums of the same tensors
     bit for bit, and a calibration made on the GPU end to end has the statistics of one."""
     pytest.importorskip("transformers")
-    from test_hf import ids, tiny_model
-
     from speckv.hf import Fp8Predictor
     from speckv.models.cache import prefill
     from speckv.predictors.calibration import _channel_sums, calibrate
+    from tiny_models import ids, tiny_model
 
     model = tiny_model("llama").cuda()
     predictor = Fp8Predictor(model, device="cuda")

@@ -20,14 +20,14 @@ def test_docstring_examples():
 
 
 def test_readme_usage_example():
-    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
     block = re.search(r"## Use\n\n```python\n(.*?)```", readme.read_text(), re.S).group(1)
     exec(compile(block, "README.md", "exec"), {})
 
 
 # -- the documentation site (docs/, mkdocs.yml): every code block runs or is checked ----------
 
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 FENCE = re.compile(r"(?:<!-- not run here: (?P<why>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)```", re.S)
 
 
