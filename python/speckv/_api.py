@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from . import _arrays, _speckv
+from . import _arrays, _speckv, container
 from ._channels import detect_period
 
 if TYPE_CHECKING:
@@ -361,8 +361,6 @@ def info(data: Any) -> dict[str, Any]:
     """
     arr = _stream_array(data)
     if bytes(arr[:4]) == b"SPKC":
-        from . import container
-
         return container.describe(arr)
     return _speckv.info(arr)
 

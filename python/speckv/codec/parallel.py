@@ -4,6 +4,7 @@ stream is coded on one thread, so the bytes never depend on how many there are."
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import _api
@@ -15,7 +16,5 @@ def parallel(fn: Callable[[Any], Any], jobs: list[Any], threads: int | None) -> 
     n = _api.resolve_threads(threads)
     if n == 1 or len(jobs) <= 1:
         return [fn(job) for job in jobs]
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="speckv") as pool:
         return list(pool.map(fn, jobs))

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import _speckv
+from .._api import Joint, token_scale_args
 from . import module as loaded
 from .module import _LOCK, CHUNK_BLOCK, _Module, _ptr
 
@@ -150,8 +151,6 @@ def encode_joint(x: Any, mu: Any, codes: Any, joint: Any, *, chunk_size: int | N
 
 def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> tuple[bytes, Any]:
     import torch
-
-    from .._api import Joint, token_scale_args
 
     module, stream = loaded._module(x)
     name = str(x.dtype).removeprefix("torch.")

@@ -28,16 +28,21 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..codec.codec import SpeculativeCodec
+from ..codec.from_description import predictor_from_description
+from ..models.architecture import text_config
+from ..models.checkpoint import checkpoint_fingerprint, load_trunk, skeleton
+from ..predictors.calibration import Calibration
+from ..prefix.free_store import FreePrefixStore, StoredBlock
+from ..prefix.prefix_store import PrefixStore
 from ..store import Backend, DirectoryBackend, RedisBackend
 from ..store.redis_backend import SCHEMES as REDIS_SCHEMES
-
-if TYPE_CHECKING:
-    from ..prefix.free_store import StoredBlock
+from ..store.tiered import TieredBackend
 
 log = logging.getLogger("speckv.engine")
 
@@ -83,8 +88,6 @@ def open_backend(
         budgets = list(max_bytes) if isinstance(max_bytes, (list, tuple)) else [max_bytes] + [None] * (len(specs) - 1)
         if len(budgets) != len(specs):
             raise ValueError(f"max_bytes: {len(budgets)} budgets for {len(specs)} tiers")
-        from ..store.tiered import TieredBackend
-
         return TieredBackend([open_backend(s, max_bytes=b, name=name) for s, b in zip(specs, budgets)])
     if isinstance(max_bytes, (list, tuple)):
         raise ValueError("max_bytes: a list of budgets is for a list of tiers")
@@ -134,13 +137,6 @@ class EngineStore:
         max_bytes: int | Sequence[int | None] | None = None,
         name: str = "default",
     ) -> None:
-        from ..codec.codec import SpeculativeCodec
-        from ..codec.from_description import predictor_from_description
-        from ..models.checkpoint import checkpoint_fingerprint, load_trunk, skeleton
-        from ..predictors.calibration import Calibration
-        from ..prefix.free_store import FreePrefixStore
-        from ..prefix.prefix_store import PrefixStore
-
         if cache_dtype not in CACHE_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in CACHE_DTYPES)
             raise ValueError(f"cache_dtype: speckv stores caches of {names}, got {cache_dtype}")
@@ -182,9 +178,6 @@ class EngineStore:
     def _free(self, folder: Path, backend: Backend, threads: int | None, coding: str) -> None:
         """The predictor-free (or raw) store (``calibration=None``): the model's config, no
         weights."""
-        from ..models.architecture import text_config
-        from ..models.checkpoint import checkpoint_fingerprint, skeleton
-        from ..prefix.free_store import FreePrefixStore
 
         if self.dtype == "fp8":
             raise ValueError(
@@ -265,8 +258,6 @@ class EngineStore:
         """A predictor-free store's entries of ``token_ids``' longest stored prefix from block
         ``start`` on, read and checked, for ``prefix.decode_layers`` to restore layer by layer
         (``FreePrefixStore.read_blocks``); ``[]`` on any fault, and for a predicted store."""
-        from ..prefix.free_store import FreePrefixStore
-
         if not isinstance(self.prefix, FreePrefixStore):
             return []
         before = self.prefix.stats_counters()

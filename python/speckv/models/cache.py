@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,8 +72,6 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
 def cache_argument(model: Any) -> str:
     """The forward pass's (and ``generate``'s) name for a cache to continue and fill:
     ``cache`` (transformers >= 5.20) or ``past_key_values`` (before)."""
-    import inspect
-
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -91,8 +90,6 @@ def recompute(model: Any, input_ids: torch.Tensor) -> None:
     with the last token's logits only (``logits_to_keep=1`` where the model takes it), not
     every token's as ``prefill`` computes them (the LM head is 20-60% of a small model's
     prefill). The baseline of ``restore_over_recompute``."""
-    import inspect
-
     kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
         model(input_ids=input_ids, use_cache=True, **kw)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .._speckv import SpeckvError
+from ..predictors.base import decoder_layers
 from ..predictors.calibration import fingerprint_config
 
 
@@ -106,8 +107,6 @@ def load_trunk(folder: str | os.PathLike[str], layers: int, *, dtype: torch.dtyp
     """The checkpoint's model with only its embedding and first ``layers`` decoder layers in
     memory (``dtype``, as ``from_pretrained(..., dtype=dtype)`` casts them); every other
     parameter stays on ``meta``. Enough for ``ModelPrefixPredictor(model, layers)``."""
-    from ..predictors.base import decoder_layers
-
     path = Path(folder)
     model = skeleton(path, dtype)
     n = int(model.config.get_text_config(decoder=True).num_hidden_layers)

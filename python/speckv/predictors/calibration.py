@@ -12,11 +12,14 @@ from typing import Any
 
 import torch
 
+from .. import __version__, _speckv
+from .. import cuda as speckv_cuda
 from .._speckv import PredictionMismatchError
 from ..models.architecture import UnsupportedModelError
 from ..models.cache import KV, last_tokens, other_kernels, prefill
 from .base import FP8_MAX, AnyPredictor, describe
 from .joint_fit import JOINT_SHRINKAGE, JointFit, pack_joint, unpack_joint
+from .layerwise import is_layerwise, walk
 
 CALIBRATION_FORMAT = 1
 # the tensors every calibration file holds (sigma_rel*, predictor.* and joint.* are optional)
@@ -66,9 +69,6 @@ def _channel_sums(t: torch.Tensor, p: torch.Tensor, p8: torch.Tensor, scale: flo
     scale)^2`` with ``q`` the fp8 mode's stored values; as Python integers in units of 2^-64,
     per statistic and channel ``(head, dim)``. On a GPU the CUDA module sums them where the
     tensors are, to the same integers."""
-    from .. import _speckv
-    from .. import cuda as speckv_cuda
-
     if t.is_cuda and p.device == t.device and p8.device == t.device and speckv_cuda.available():
         q = speckv_cuda.fp8_quantize(t, scale).float()
         limbs = speckv_cuda.channel_sums(t, p, p8, q, scale)
@@ -257,9 +257,6 @@ def calibrate(
     ``fp8_scale``: one fp8 scale for every layer's K and V instead of each one's absmax / 448,
     for caches an engine stored in fp8 with that scale (vLLM's default: 1.0).
     """
-    from .. import __version__
-    from .layerwise import is_layerwise, walk
-
     samples = list(samples)
     if not samples:
         raise ValueError("samples: at least one calibration prompt is needed")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models.architecture import layer_windows, text_config
+from .base import ChannelStatsPredictor
 
 # The coder's cost per cache scalar in FLOP-equivalents of a bf16 forward pass on the CPUs
 # measured (2-core Zen 4, AVX-512 kernels; the demo model: decode ~0.2x of a recompute at
@@ -93,8 +94,6 @@ def predictor_flops(predictor: Any, config: Any, tokens: int = TOKENS) -> float:
     """What a predictor computes for a prompt of ``tokens``, in FLOPs counted from the config:
     the model's own layers it runs, and its maps; 0 for one that runs no model (per-channel
     statistics); a whole forward pass for the predictors that run every layer."""
-    from .base import ChannelStatsPredictor
-
     n = int(config.num_hidden_layers)
     if callable(getattr(predictor, "prefix", None)):  # the model's first layers, then maps
         layers, hidden = int(predictor.layers), bool(getattr(predictor, "hidden", False))

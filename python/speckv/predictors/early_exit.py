@@ -44,6 +44,7 @@ import torch
 from ..models.architecture import layer_windows, text_config
 from ..models.cache import KV, cache_argument
 from .base import decoder_layers
+from .cost import default_prefix_layers as counted
 from .linear_map import MAP_FEATURE_RANGE, MAP_THREADS, apply_map, first_rows, integer_map
 from .map_fit import fit_maps
 from .map_sources import HISTORY, Observed, _fallback_sources, _features, _hidden_source, _missing, _sources, _untokens
@@ -65,8 +66,6 @@ def default_prefix_layers(model: Any) -> int:
     """How many of ``model``'s layers the default ``ModelPrefixPredictor`` runs: the most
     whose restore, counted from the config, fits the budget (``cost.default_prefix_layers``:
     20 of the demo model's 30 layers, 20 of Qwen2.5-0.5B's 24, 12 of Gemma-3-270M's 18)."""
-    from .cost import default_prefix_layers as counted
-
     return counted(text_config(model))
 
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import cast
 
+import numpy as np
 import torch
 
 from .. import _speckv
@@ -54,8 +55,6 @@ def integer_map(weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor) -
     features quantised with ``shift``: weights scaled exactly (powers of two) and rounded half
     to even, in numpy's float64 (the same integers on every machine), with per output the
     largest power of two that keeps them within MAP_WEIGHT_RANGE."""
-    import numpy as np
-
     features, outputs = weight.shape
     sh = shift.numpy().astype(np.int64)
     w = np.ldexp(weight.double().numpy(), -sh[:, None])  # the weights of the integer features
