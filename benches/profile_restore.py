@@ -73,15 +73,15 @@ class Phases:
 def instrumented(phases: Phases) -> Iterator[None]:
     """The restore path's functions wrapped with ``phases`` (restored on exit)."""
     from speckv import _api
-    from speckv.codec import coding_params, decode_walk, target
+    from speckv.codec import decode_walk, plan, target
     from speckv.predictors import early_exit, prefix_run
 
     patches = [
         (_api, "decode", "core decode (joint sums + coder)"),
         (_api, "residuals", "residuals (K for V)"),
-        (coding_params.CodingParams, "coding", "coding params (mu, sigma codes)"),
-        (coding_params.CodingParams, "joint_model", "joint model arrays"),
-        (coding_params.CodingParams, "observed", "observed (to float)"),
+        (plan.CodingPlan, "target", "coding params (mu, sigma codes)"),
+        (plan.CodingPlan, "joint_model", "joint model arrays"),
+        (plan.CodingPlan, "observed", "observed (to float)"),
         (early_exit.ModelPrefixPredictor, "map_predict", "maps"),
         (prefix_run._PrefixRun, "wait", "forward pass (waited for)"),
         (target, "channel_major", "copies (channel-major)"),
@@ -289,9 +289,10 @@ def profile(
             runs.append((wall, dict(phases.total), dict(phases.calls)))
     ratios = sorted(r[0] / p for r, p in zip(runs, prefills))
     best_prefill = min(prefills)
+    stored = codec.params.plan(mode, joint=False, threads=1)
     for layer, pair in enumerate(extract_kv(cache)):
         for which, true in enumerate(pair):
-            want = codec.params.stored(mode, layer, which, true)
+            want = stored.stored(layer, which, true)
             got = extract_kv(back)[layer][which]
             word = torch.int16 if want.element_size() == 2 else torch.uint8
             if not torch.equal(want.view(word), got.view(word)):

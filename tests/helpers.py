@@ -76,8 +76,9 @@ def words_digest(x) -> str:
 
 def decoded_in_child(stream: bytes, simd: str, module: str, case: str) -> str:
     """``words_digest`` of ``stream`` decoded in a child with ``SPECKV_SIMD=simd``, against the
-    prediction of ``case`` (a call of a function of the test module ``module`` returning ``(x,
-    mu, sigma)`` or ``(x, mu, sigma, joint)``, rebuilt in the child from its seeds)."""
+    prediction of ``case`` (a call of a function of the test module ``module``, dotted from
+    ``tests/`` as ``core.test_bins``, returning ``(x, mu, sigma)`` or ``(x, mu, sigma, joint)``,
+    rebuilt in the child from its seeds)."""
     code = (
         "import sys, speckv\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"

@@ -77,6 +77,21 @@ class Container:
         (``start == stop`` where it holds none of them)."""
         return held_range(*self.token_range(b), self.tokens, self.held(layer))
 
+    def layers_of(self, b: int, first: int, stop: int, which: int) -> tuple[bytes, list[int] | None]:
+        """Block ``b``'s chunks holding layers ``first..stop - 1`` of its K (``which=0``) or V
+        stream (stacked layout), cut out as a stream of their own (``speckv.cut_stream``), and
+        that stream's shape: None where they are not whole chunks of just those layers."""
+        stream = self.stream(b, first, which)
+        (start, _), skip = stream.chunks_of(first)
+        (_, end), _ = stream.chunks_of(stop - 1)
+        if skip or min(start, end) < 0:
+            return b"", None
+        try:
+            data = _speckv.stream_cut(_array(stream.data), start, end)
+            return data, list(_speckv.info(_array(data))["shape"])
+        except ValueError:
+            return b"", None
+
     def stream(self, b: int, layer: int, which: int) -> Stream:
         """Block ``b``'s stream holding ``layer``'s K (``which=0``) or V (1);
         ``CorruptStreamError`` where the layer holds none of the block's tokens."""

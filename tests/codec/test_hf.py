@@ -346,6 +346,9 @@ def test_command_line_predictors_and_tradeoff_rows():
         ("speckv.hf.models.cache", "speckv.models.cache"),
         ("speckv.hf.stores.free_store", "speckv.prefix.free_store"),
         ("speckv.hf.cuda", "speckv.cuda"),
+        # merged into another module since
+        ("speckv.hf.codec.coding_params", "speckv.codec.plan"),
+        ("speckv.hf.codec.parallel", "speckv.codec.block_layout"),
     ],
 )
 def test_the_moved_modules_old_paths_import_the_same_module_with_a_warning(old, new):

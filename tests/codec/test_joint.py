@@ -220,7 +220,7 @@ def test_joint_streams_decode_alike_under_every_kernel(simd):
 
     x, mu, sigma, joint = _joint_case()
     stream = speckv.encode(x, mu, sigma, chunk_size=x[0].size, joint=joint)
-    assert decoded_in_child(stream, simd, "test_joint", "_joint_case()") == words_digest(x)
+    assert decoded_in_child(stream, simd, "codec.test_joint", "_joint_case()") == words_digest(x)
 
 
 def test_a_joint_model_without_a_prediction_is_refused_by_every_call():

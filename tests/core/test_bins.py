@@ -144,4 +144,4 @@ def test_the_same_output_under_every_kernel(simd):
     to the same patterns in a child with the vector kernel turned off."""
     x, mu, sigma = channels_like(8, tokens=1000)
     stream = speckv.encode(x, mu, sigma, model="bins", chunk_size=20_000)
-    assert decoded_in_child(stream, simd, "test_bins", "channels_like(8, tokens=1000)") == words_digest(x)
+    assert decoded_in_child(stream, simd, "core.test_bins", "channels_like(8, tokens=1000)") == words_digest(x)

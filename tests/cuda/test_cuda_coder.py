@@ -349,7 +349,7 @@ def test_the_codecs_gpu_path_writes_the_host_paths_bytes(host_gpu, monkeypatch, 
     # the GPU coder codes the exact model (16-bit caches default to the bins model, on the host)
     want = codec.compress_predicted(cache, prompt, prediction, mode, model="exact")
     assert host_gpu.launches == []
-    monkeypatch.setattr(speckv.codec.codec, "codes_on_gpu", lambda kv, pred, device: True)
+    monkeypatch.setattr(speckv.codec.encode_walk, "codes_on_gpu", lambda kv, pred, device: True)
     assert codec.compress_predicted(cache, prompt, prediction, mode, model="exact") == want
     # K and V of each block, a group of layers (whole chunks) at a time
     from speckv.codec.block_layout import LAYERS_PER_CHUNK

@@ -91,7 +91,7 @@ def test_docs_code_blocks(page, tmp_path, monkeypatch):
     namespace: dict = {}
     for lang, code, why in found:
         if why is not None:
-            test = re.search(r"tests/\w+\.py", why)
+            test = re.search(r"tests/[\w/]+\.py", why)
             assert test and (DOCS.parent / test.group(0)).exists(), f"{page}: {why!r} names no test that exists"
             if lang == "python":
                 compile(code, page, "exec")

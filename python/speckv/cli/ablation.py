@@ -4,10 +4,13 @@ of the joint residual model added in turn (bits, coder speeds, calibration size)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._api import TokenScale
 from .common import CommandError, calibration_text, say, text, text_name
 from .evaluation import evaluate_args
 from .predictor_spec import describe_short, make_predictor
@@ -27,10 +30,6 @@ ABLATION = (
 def ablate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str) -> None:
     """``speckv eval --ablate``: one fresh calibration, then the held-out caches coded with each
     component of the joint residual model added in turn (bits, speeds, calibration size)."""
-    import dataclasses
-    import tempfile
-
-    from .._api import TokenScale
     from ..hf import SpeculativeCodec, model_fingerprint
     from ..models.demo import prompts
     from ..predictors.joint_fit import JOINT_SHRINKAGE

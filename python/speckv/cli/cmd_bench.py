@@ -8,6 +8,11 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
+from .._api import decode, encode, ideal_bits
+from .._synthetic import workload
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="codec speed and size on a synthetic KV-like workload")
@@ -17,11 +22,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import numpy as np
-
-    from .._api import decode, encode, ideal_bits
-    from .._synthetic import workload
-
     x, mu, sigma = workload(args.scalars)
     n = x.size
     threads = os.cpu_count() or 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .ablation import ablate
 from .common import CommandError, load, need_hf, text
 from .evaluation import add_eval_arguments, run_eval
 from .predictor_spec import parse_spec
@@ -27,8 +28,6 @@ def run(args: argparse.Namespace) -> None:
         parse_spec(spec)
     model, tokenizer, label = load(args.model)
     if args.ablate:
-        from .ablation import ablate
-
         ablate(args, model, tokenizer, label)
         return
     results = [run_eval(args, model, tokenizer, label, spec) for spec in specs]

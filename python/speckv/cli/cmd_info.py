@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from .._api import info
 from .common import read_file
 
 
@@ -17,8 +18,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from .._api import info
-
     out = info(read_file(args.file, "file"))
     if out.get("container") and not args.streams:
         out["streams"] = len(out["streams"])

@@ -1,11 +1,17 @@
 """How a cache is laid out in a container: the layout (one stream per block holding every
 layer, or a stream per layer), the blocks' size, the tokens each layer holds, how many layers
-go in a chunk and how many are coded at a time."""
+go in a chunk and how many are coded at a time, and the coding jobs (one stream each) spread
+over threads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import torch
 
+from .. import _api
 from ..models.cache import KV
 
 # Tokens per block of the container: what a reader can address (and what a prefix store
@@ -69,3 +75,13 @@ def per_layer_batch(threads: int, blocks: int) -> int:
 def join(blocks: list[torch.Tensor]) -> torch.Tensor:
     """One layer's K or V from its blocks' pieces (``[batch, heads, tokens, dim]``)."""
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
+
+
+def parallel(fn: Callable[[Any], Any], jobs: list[Any], threads: int | None) -> list[Any]:
+    """``[fn(job) for job in jobs]`` on up to ``threads`` threads (speckv releases the GIL), in
+    order; each stream is coded on one thread, so the bytes never depend on ``threads``."""
+    n = _api.resolve_threads(threads)
+    if n == 1 or len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="speckv") as pool:
+        return list(pool.map(fn, jobs))

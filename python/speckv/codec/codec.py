@@ -13,8 +13,9 @@ and every inner stream checks its prediction fingerprint before it decodes: a mi
 
 The codec holds what a user chooses (model, predictor, calibration, joint model, device) and
 delegates the work: ``identity`` (what a container records and the checks),
-``coding_params`` (each layer's stored tensor, ``mu`` and sigma codes, through the host/GPU
-seam of ``kernels``), ``encode_walk`` and ``decode_walk`` (the cache to streams and back),
+``plan`` (a container's coding plan: each layer's stored tensor, ``mu`` and sigma codes,
+through the host/GPU seam of ``kernels``), ``encode_walk`` and ``decode_walk`` (the cache to
+streams and back, reading the plan),
 ``block_layout`` and ``target`` (the container's layout and the cuts of a layer),
 ``calibration`` and ``from_description`` (calibrating, and rebuilding a recorded predictor).
 """
@@ -39,14 +40,12 @@ from ..predictors.early_exit import ModelPrefixPredictor
 from ..predictors.layerwise import is_layerwise, walk_layers
 from . import identity
 from .block_layout import held, wanted
-from .coding_params import CodingParams
-from .decode_walk import decode_layerwise, decode_whole, quiet_torch, reads_joint
+from .decode_walk import decode_layerwise, decode_whole, quiet_torch
 from .encode_walk import encode_container
 from .from_description import predictor_from_description
-from .joint_models import JointModels
-from .kernels import codes_on_gpu
 from .modes import MODES
 from .modes import dequantize as dequantize_fp8
+from .plan import CodingParams, JointModels
 
 prompt_digest = identity.prompt_digest
 
@@ -150,7 +149,7 @@ class SpeculativeCodec:
 
     @property
     def params(self) -> CodingParams:
-        """The coding parameters of the current calibration (``coding_params``)."""
+        """The coding parameters of the current calibration (``plan``)."""
         return CodingParams(self.require_calibration(), self.device, self.token_scale, self._joint_models)
 
     # -- coding -------------------------------------------------------------------------
@@ -191,10 +190,10 @@ class SpeculativeCodec:
             yield from self.predictor.predict(input_ids)
             return
         run = run if run is not None else self.predictor.start(input_ids)
-        params = self.params
+        plan = self.params.plan(dtype, joint=False, threads=1)
 
         def observed(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:
-            return params.observed(dtype, layer, which, params.stored(dtype, layer, which, t))
+            return plan.observed(layer, which, plan.stored(layer, which, t))
 
         yield from walk_layers(run, kv, observed, quiet_torch)
 
@@ -238,20 +237,10 @@ class SpeculativeCodec:
         """The container of ``kv`` coded against ``prediction`` (``encode_walk``)."""
         params = self.params
         model = self.restore_model(dtype) if model is None else model
+        layerwise = is_layerwise(self.predictor)
+        plan = params.plan(dtype, joint=self.joint, threads=threads, model=model, layerwise=layerwise)
         meta = identity.metadata(dtype, self.fingerprint, params.calibration, self.predictor, input_ids)
-        return encode_container(
-            params,
-            kv,
-            prediction,
-            dtype,
-            meta,
-            threads=threads,
-            model=model,
-            requested_block=block_size,
-            joint=self.joint,
-            layerwise=is_layerwise(self.predictor),
-            codes_on_gpu=functools.partial(codes_on_gpu, device=self.device),
-        )
+        return encode_container(plan, kv, prediction, meta, block_size)
 
     def restore_model(self, dtype: str) -> _api.Model:
         """The model residuals are coded with by default (``speckv.restore_model``'s rule): the
@@ -287,16 +276,17 @@ class SpeculativeCodec:
         """The wanted layers of ``c`` (``_checked``) against ``prediction``, or the predictor's
         (``run``: a layer-wise walk already started, None to start one)."""
         want = wanted(layers, c.layers)
-        params = self.params
+        # the plan's checks (reading) run before the predictor does
         if is_layerwise(self.predictor):
             if prediction is not None:
                 raise TypeError("prediction=: a layer-wise predictor runs inside decompress()")
+            plan = self.params.reading(c, threads, layerwise=True)
             predictor, own_threads = self.predictor, int(getattr(self.predictor, "threads", 1))
             start = functools.partial(predictor.start, input_ids)
-            return decode_layerwise(params, c, want, threads, pipeline, own_threads, run, start)
-        joint = reads_joint(params, c)  # a check: before the predictor runs
+            return decode_layerwise(plan, c, want, pipeline, own_threads, run, start)
+        plan = self.params.reading(c, threads, layerwise=False)
         pred = prediction if prediction is not None else self.predictor.predict(input_ids)
-        return decode_whole(params, c, pred, want, layers, threads, joint)
+        return decode_whole(plan, c, pred, want, layers)
 
     def decompress(
         self,

@@ -14,71 +14,54 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _api, _speckv, container
+from .. import _api, container
 from .._speckv import CorruptStreamError
 from ..models.cache import last_tokens
 from ..predictors.base import fixed_threads
-from .block_layout import join, per_layer_batch
-from .coding_params import CodingParams
-from .parallel import parallel
-from .target import Target, channel_major, cut_tokens, stack
+from .block_layout import join, parallel, per_layer_batch
+from .plan import CodingPlan
+from .target import Target, block_of, channel_major, cut_tokens
 
 # per layer: its K's and V's decoded pieces (one per block)
 Parts = dict[int, list[list[torch.Tensor]]]
 
 
-def reads_joint(params: CodingParams, c: container.Container) -> bool:
-    """Whether the container was coded with the joint model (then the calibration, already
-    checked to be the encoder's, has it)."""
-    joint = bool(c.metadata.get("joint"))
-    if joint and not params.joint_layers:
-        raise CorruptStreamError("cache container: joint coding without a joint calibration")
-    return joint
-
-
 def decode_whole(
-    params: CodingParams,
+    plan: CodingPlan,
     c: container.Container,
     prediction: list[tuple[torch.Tensor, torch.Tensor]],
     wanted: list[int],
     layers: list[int] | None,
-    threads: int | None,
-    joint: bool,
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """A whole-prompt predictor's container: the ``wanted`` layers' ``(K, V)`` (``layers``:
-    what was asked for, None for all), decoded against ``prediction`` (every layer's);
-    ``joint``: ``reads_joint``'s answer, asked before the predictor ran."""
-    mode = c.metadata["mode"]
+    what was asked for, None for all), decoded by ``plan`` (``CodingParams.reading``, made
+    before the predictor ran) against ``prediction`` (every layer's)."""
     if len(prediction) != c.layers:
         raise ValueError(f"prediction: {len(prediction)} layers, the container has {c.layers}")
-    n = _api.resolve_threads(threads)
 
     def target(layer: int, which: int) -> Target:
-        pred = last_tokens(prediction[layer][which], c.held(layer), layer)
-        return params.coding(mode, layer, which, None, pred, joint)
+        return plan.target(layer, which, last_tokens(prediction[layer][which], c.held(layer), layer))
 
     parts: Parts = {layer: [[], []] for layer in wanted}
     # torch on one thread while the coder's threads decode: the small tensor operations
     # between decode calls would otherwise wake torch's OpenMP workers, which then spin
     # for milliseconds on the cores the coder runs on (measured: 1.2-1.3x slower restores)
     with fixed_threads(1):
-        _decode_parts(params, c, wanted, layers, threads, n, target, joint, parts)
+        _decode_parts(plan, c, wanted, layers, target, parts)
     return {layer: (join(k), join(v)) for layer, (k, v) in parts.items()}
 
 
 def _decode_parts(
-    params: CodingParams,
+    plan: CodingPlan,
     c: container.Container,
     wanted: list[int],
     layers: list[int] | None,
-    threads: int | None,
-    n: int,
     target: Callable[[int, int], Target],
-    joint: bool,
     parts: Parts,
 ) -> None:
     """``decode_whole``'s walk: every wanted layer's pieces into ``parts``, a few layers at a
-    time (their coding parameters, not the whole cache's)."""
+    time (their targets, not the whole cache's), each layer's target made once."""
+    n = plan.threads
     if c.layout == "stacked":
         # whole chunks of every block's streams; all layers: enough chunks for the threads
         group = math.lcm(*(s.layers_per_chunk for block in c.blocks for s in block if s is not None))
@@ -89,7 +72,7 @@ def _decode_parts(
             outside: dict[int, np.ndarray] = {}
             for b in range(len(c.blocks)):
                 for which in (0, 1):
-                    got = decode_stacked(params, c, b, which, first, targets[which], joint, outside, n)
+                    got = decode_stacked(plan, c, b, which, first, targets[which], outside, n)
                     for layer, piece in zip(range(first, stop), got):
                         if layer in parts:
                             parts[layer][which].append(piece)
@@ -100,20 +83,19 @@ def _decode_parts(
             for layer in wanted[i : i + span]:
                 pair = [target(layer, which) for which in (0, 1)]
                 jobs += [(b, layer, pair) for b in range(len(c.blocks))]
-            out = parallel(lambda job: _decode_layer(params, c, job[0], job[1], job[2], joint), jobs, threads)
+            out = parallel(lambda job: _decode_layer(plan, c, job[0], job[1], job[2]), jobs, n)
             for (_, layer, _), got in zip(jobs, out):
                 for which, piece in enumerate(got):
                     parts[layer][which].append(piece)
 
 
 def decode_stacked(
-    params: CodingParams,
+    plan: CodingPlan,
     c: container.Container,
     b: int,
     which: int,
     first: int,
     targets: list[Target],
-    joint: bool,
     outside: dict[int, np.ndarray],
     threads: int,
 ) -> list[torch.Tensor]:
@@ -125,27 +107,17 @@ def decode_stacked(
     leaves there."""
     stop = first + len(targets)
     lo, hi = c.token_range(b)
-    part = [cut_tokens(t, lo, hi) for t in targets]
-    if joint:
-        part = [channel_major(t) for t in part]
-    _, mu, codes = stack(part)
-    stream = c.stream(b, first, which)
-    (start, _), skip = stream.chunks_of(first)
-    (_, end), _ = stream.chunks_of(stop - 1)
-    try:
-        data = _api.cut_stream(stream.data, (start, end)) if not skip else b""
-        shape = _speckv.info(np.frombuffer(data, dtype=np.uint8))["shape"] if data else None
-    except ValueError:
-        shape = None
+    _, mu, codes = block_of(targets, lo, hi, plan.joint)
+    data, shape = c.layers_of(b, first, stop, which)
     if shape != list(mu.shape):
         raise CorruptStreamError(
             f"cache container: block {b}'s stream does not hold layers {first}..{stop - 1} in whole chunks"
         )
     model = None
-    if joint:
-        model = params.joint_model(c.metadata["mode"], which, hi - lo, outside.get(b), range(first, stop))
+    if plan.joint:
+        model = plan.joint_model(which, hi - lo, outside.get(b), range(first, stop))
     got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
-    if joint:
+    if plan.joint:
         if which == 0:
             outside[b] = _api.residuals(got, mu).reshape(len(targets), -1, hi - lo)
         got = got.transpose(-1, -2)
@@ -153,24 +125,23 @@ def decode_stacked(
 
 
 def _decode_layer(
-    params: CodingParams, c: container.Container, b: int, layer: int, targets: list[Target], joint: bool
+    plan: CodingPlan, c: container.Container, b: int, layer: int, targets: list[Target]
 ) -> list[torch.Tensor]:
     """Block ``b``'s K and V of one layer (per-layer layout; ``targets``: the layer's K and V,
     cut to the block here); empty where the layer holds none of the block's tokens. See
     ``encode_walk._encode_layer``."""
     outside: dict[int, np.ndarray] = {}
-    pieces = [decode_piece(params, c, b, layer, which, t, joint, outside, 1) for which, t in enumerate(targets)]
+    pieces = [decode_piece(plan, c, b, layer, which, t, outside, 1) for which, t in enumerate(targets)]
     return [p for p in pieces if p is not None]
 
 
 def decode_piece(
-    params: CodingParams,
+    plan: CodingPlan,
     c: container.Container,
     b: int,
     layer: int,
     which: int,
     target: Target,
-    joint: bool,
     outside: dict[int, np.ndarray],
     threads: int,
 ) -> torch.Tensor | None:
@@ -183,11 +154,11 @@ def decode_piece(
         return None
     data = c.stream(b, layer, which).data
     job = cut_tokens(target, lo, hi)
-    if not (joint and layer in params.joint_layers):
+    if layer not in plan.joint_layers:
         return _api.decode(data, job.mu, sigma_codes=job.codes, threads=threads)
     _, mu, codes = channel_major(job)
     given = outside.get(b) if which else None
-    model = params.joint_model(c.metadata["mode"], which, hi - lo, given, range(layer, layer + 1))
+    model = plan.joint_model(which, hi - lo, given, range(layer, layer + 1))
     got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
     if which == 0:
         outside[b] = _api.residuals(got, mu).reshape(1, -1, hi - lo)
@@ -195,10 +166,9 @@ def decode_piece(
 
 
 def decode_layerwise(
-    params: CodingParams,
+    plan: CodingPlan,
     c: container.Container,
     wanted: list[int],
-    threads: int | None,
     pipeline: bool | None,
     predictor_threads: int,
     run: Any,
@@ -217,33 +187,31 @@ def decode_layerwise(
     picks overlap when the machine has more cores than the predictor's threads
     (``predictor_threads``). Either way, the same bits; only a few layers' coding parameters
     are held at a time."""
-    mode = c.metadata["mode"]
     stacked = c.layout == "stacked"
     if stacked and any(s is None or s.layers_per_chunk != 1 for block in c.blocks for s in block):
         raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
-    n_threads = _api.resolve_threads(threads)
+    n_threads = plan.threads
     if pipeline is None:
         pipeline = (os.cpu_count() or 1) > predictor_threads
     out: dict[int, list[torch.Tensor]] = {}
     upto = max(wanted) + 1
-    joint = reads_joint(params, c)
     # joint: per block, the keys' residuals of the layers being decoded (the values'
     # outside channels)
     outside: dict[int, np.ndarray] = {}
 
     def prepare(layer: int, which: int, pred: torch.Tensor) -> Target:
-        return params.coding(mode, layer, which, None, last_tokens(pred, c.held(layer), layer), joint)
+        return plan.target(layer, which, last_tokens(pred, c.held(layer), layer))
 
     def decode(first: int, which: int, targets: list[Target], n: int) -> list[torch.Tensor]:
         """K or V of layers first.., every block of each joined."""
 
         def block(b: int, n: int) -> list[torch.Tensor]:
             if stacked:
-                return decode_stacked(params, c, b, which, first, targets, joint, outside, n)
-            piece = decode_piece(params, c, b, first, which, targets[0], joint, outside, n)
+                return decode_stacked(plan, c, b, which, first, targets, outside, n)
+            piece = decode_piece(plan, c, b, first, which, targets[0], outside, n)
             return [] if piece is None else [piece]
 
-        if joint and len(c.blocks) > 1 and n > 1:
+        if plan.joint and len(c.blocks) > 1 and n > 1:
             # a jointly coded layer is one chunk, which one thread decodes: spread the
             # token blocks over the threads instead (a block's values read only its own
             # keys' residuals)
@@ -278,7 +246,7 @@ def decode_layerwise(
                         out.setdefault(layer, []).append(value)
                 for layer in layers:
                     for which in (0, 1):
-                        run.observe(layer, which, params.observed(mode, layer, which, out[layer][which]))
+                        run.observe(layer, which, plan.observed(layer, which, out[layer][which]))
             start = free
         for layer in range(start, upto):
             if layer == independent:
@@ -288,7 +256,7 @@ def decode_layerwise(
                 target = prepare(layer, which, run.predict(layer, which))
                 value = decode(layer, which, [target], n_threads)[0]
                 out[layer].append(value.reshape(target.mu.shape))
-                run.observe(layer, which, params.observed(mode, layer, which, out[layer][which]))
+                run.observe(layer, which, plan.observed(layer, which, out[layer][which]))
     finally:
         quiet.close()
         run.close()

@@ -1,11 +1,12 @@
 """The encoder's walk: a cache and its prediction, layer by layer, into a cache container's
 streams (stacked: per block one stream of every layer's K and one of V; per-layer: a stream
-per layer, block and K/V), holding a few layers' coding parameters at a time."""
+per layer, block and K/V), as a ``CodingPlan`` says, holding a few layers' targets at a time."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,42 +20,31 @@ from .block_layout import (
     block_size,
     choose_layout,
     held,
+    parallel,
     per_layer_batch,
 )
-from .coding_params import CodingParams
-from .kernels import CUDA, HOST
-from .parallel import parallel
+from .kernels import CUDA, HOST, codes_on_gpu
+from .plan import CodingPlan
 from .target import Target, channel_major, cut_tokens, stack
 
 
 def encode_container(
-    params: CodingParams,
+    plan: CodingPlan,
     kv: KV,
     prediction: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    dtype: str,
     metadata: dict[str, Any],
-    *,
-    threads: int | None,
-    model: _api.Model,
     requested_block: int | None,
-    joint: bool,
-    layerwise: bool,
-    codes_on_gpu: Callable[[KV, KV], bool],
 ) -> bytes:
-    """The container of ``kv`` coded against ``prediction`` (per layer ``(K, V)``, in cache
-    units), consumed layer by layer: a few layers' coding parameters are held at a time, never
+    """The container of ``kv`` coded by ``plan`` against ``prediction`` (per layer ``(K, V)``,
+    in cache units), consumed layer by layer: a few layers' targets are held at a time, never
     the whole cache's. A block's stacked stream is coded a group of layers (whole chunks) at a
     time and the groups' streams joined (``speckv.join_streams``: the bytes of one call over
-    every layer). ``joint``: with the calibration's joint model where it has one;
-    ``layerwise``: the predictor walks the layers (a chunk per layer); ``codes_on_gpu``:
-    whether the GPU coder codes this cache (given its first layer's prediction)."""
+    every layer)."""
     layout = choose_layout([t for pair in kv for t in pair])
-    joint = joint and bool(params.joint_layers)
     tokens_held = held(kv)
     tokens = max(tokens_held)
     block = block_size(requested_block, tokens)
     starts = list(range(0, tokens, block))
-    joint_mode = dtype if joint else None
     n_layers = len(kv)
     layers = iter(prediction)
     first = next(layers, None)
@@ -63,15 +53,16 @@ def encode_container(
     # the GPU coder (speckv.cuda.encode) where cache and prediction are on a GPU the CUDA
     # module runs on: only coded bytes cross to the host. The exact model (the fast one
     # codes on the host); the bytes are the host's either way.
-    on_device = layout == "stacked" and model == "exact" and codes_on_gpu(kv, [first])
+    if layout == "stacked" and plan.model == "exact" and codes_on_gpu(kv, [first], plan.params.device):
+        plan = dataclasses.replace(plan, on_device=True)
     device = kv[0][0].device
     if layout == "stacked":
         # whole chunks per group: a whole-prompt predictor's chunks hold LAYERS_PER_CHUNK
         # layers (or one), a layer-wise one's a layer (or half)
-        group = 1 if layerwise else LAYERS_PER_CHUNK
+        group = 1 if plan.layerwise else LAYERS_PER_CHUNK
     else:
         # enough streams at once for every thread
-        group = per_layer_batch(_api.resolve_threads(threads), len(starts))
+        group = per_layer_batch(plan.threads, len(starts))
     # per block: stacked, K's and V's streams of each group; per layer, every stream
     streams: list[list[Any]] = [[[], []] if layout == "stacked" else [] for _ in starts]
     pending: list[tuple[int, Target, Target]] = []
@@ -84,9 +75,9 @@ def encode_container(
             p = last_tokens(p, tokens_held[layer], layer)
             if tuple(t.shape) != tuple(p.shape):
                 raise ValueError(f"cache: layer {layer} has shape {tuple(t.shape)}, prediction {tuple(p.shape)}")
-            if on_device and p.device != device:
+            if plan.on_device and p.device != device:
                 p = p.to(device)
-            jobs.append(params.coding(dtype, layer, which, t, p, joint, on_device))
+            jobs.append(plan.target(layer, which, p, t))
         pending.append((layer, jobs[0], jobs[1]))
         count += 1
         if len(pending) < group and layer + 1 < n_layers:
@@ -95,16 +86,7 @@ def encode_container(
             for b, start in enumerate(starts):
                 part = [cut_tokens(job, start, start + block) for _, k, v in pending for job in (k, v)]
                 first_layer = pending[0][0]
-                coded = _encode_stacked(
-                    params,
-                    part,
-                    range(first_layer, first_layer + len(pending)),
-                    layerwise,
-                    threads,
-                    model,
-                    joint_mode,
-                    on_device,
-                )
+                coded = _encode_stacked(plan, part, range(first_layer, first_layer + len(pending)))
                 streams[b][0].append(coded[0])
                 streams[b][1].append(coded[1])
         else:
@@ -114,7 +96,7 @@ def encode_container(
                 for lay, k, v in pending:
                     lo, hi = container.held_range(start, min(start + block, tokens), tokens, tokens_held[lay])
                     pieces.append((b, lay, cut_tokens(k, lo, hi), cut_tokens(v, lo, hi)))
-            coded = parallel(lambda p: _encode_layer(params, p[1], p[2], p[3], joint_mode, model), pieces, threads)
+            coded = parallel(lambda p: _encode_layer(plan, p[1], p[2], p[3]), pieces, plan.threads)
             for (b, _, _, _), pair in zip(pieces, coded):
                 streams[b].extend(pair)
         pending = []
@@ -127,63 +109,53 @@ def encode_container(
             kv_streams.clear()
     else:
         blocks = streams
-    if joint:
+    if plan.joint:
         metadata = {**metadata, "joint": True}
     return container.pack(metadata, layout, n_layers, block, tokens, blocks, tokens_held)
 
 
-def _encode_stacked(
-    params: CodingParams,
-    jobs: list[Target],
-    layers: range,
-    layerwise: bool,
-    threads: int | None,
-    model: _api.Model,
-    joint_mode: str | None,
-    on_device: bool = False,
-) -> list[bytes]:
+def _encode_stacked(plan: CodingPlan, jobs: list[Target], layers: range) -> list[bytes]:
     """A block's keys, then its values, of ``layers`` (``jobs``: their K, V, K, V, ...), each
     one stream of those layers, which ``encode_container`` joins with the other groups' into
     one stream of every layer: a stream per layer would cost ~0.5% of an fp8 cache in headers,
     a chunk per layer ~0.07%. Whole-prompt predictors: LAYERS_PER_CHUNK layers a chunk; a
     layer-wise predictor decodes layer by layer: CHUNKS_PER_LAYER chunks a layer, so one
-    layer's decode still spreads over cores. With the joint model (``joint_mode``: the storage
-    mode) each layer is stored channel-major and coded as a whole (its channels follow each
-    other), the values conditioned on the keys' residuals. ``on_device``: the jobs' tensors
-    are on a GPU and the GPU coder codes them there (``kernels.CudaKernels``)."""
+    layer's decode still spreads over cores. With the joint model each layer is stored
+    channel-major and coded as a whole (its channels follow each other), the values
+    conditioned on the keys' residuals. With ``plan.on_device`` the jobs' tensors are on a
+    GPU and the GPU coder codes them there (``kernels.CudaKernels``)."""
     layer = [jobs[which].mu.numel() for which in (0, 1)]
-    per_chunk = 1 if layerwise else max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // max(layer)))
-    split = layerwise and joint_mode is None and all(n % CHUNKS_PER_LAYER == 0 for n in layer)
+    per_chunk = 1 if plan.layerwise else max(1, min(LAYERS_PER_CHUNK, MAX_CHUNK // max(layer)))
+    split = plan.layerwise and not plan.joint and all(n % CHUNKS_PER_LAYER == 0 for n in layer)
     per_layer = CHUNKS_PER_LAYER if split else 1
-    coder = CUDA if on_device else HOST
+    coder = CUDA if plan.on_device else HOST
     streams = []
     outside = None
     for which in (0, 1):
         mine = jobs[which::2]
-        if joint_mode is not None:
+        if plan.joint:
             mine = [channel_major(job) for job in mine]
         job = stack(mine)
         size = per_chunk * layer[which] // per_layer
         joint = None
-        if joint_mode is not None:
-            joint = params.joint_model(joint_mode, which, int(job.mu.shape[-1]), outside, layers)
-        data, residuals = coder.encode(job, joint, size, threads, model, joint_mode is not None and which == 0)
+        if plan.joint:
+            joint = plan.joint_model(which, int(job.mu.shape[-1]), outside, layers)
+        data, residuals = coder.encode(job, joint, size, plan.threads, plan.model, plan.joint and which == 0)
         streams.append(data)
         if residuals is not None:  # the values condition on these
             outside = residuals
     return streams
 
 
-def _encode_layer(
-    params: CodingParams, layer: int, k: Target, v: Target, joint_mode: str | None, model: _api.Model
-) -> tuple[bytes, bytes]:
+def _encode_layer(plan: CodingPlan, layer: int, k: Target, v: Target) -> tuple[bytes, bytes]:
     """A block's stream of one layer's K and of its V (per-layer layout; ``b""`` where the
-    layer holds none of the block's tokens). With the joint model (``joint_mode``: the storage
-    mode) where the calibration has one for the layer, both channel-major, each one chunk, V
-    conditioned on K's residuals; else each scalar on its own."""
+    layer holds none of the block's tokens). With the joint model where the calibration has
+    one for the layer, both channel-major, each one chunk, V conditioned on K's residuals;
+    else each scalar on its own."""
+    model = plan.model
     if k.mu.shape[2] == 0:
         return b"", b""
-    if joint_mode is None or layer not in params.joint_layers:
+    if layer not in plan.joint_layers:
         return (
             _api.encode(k.x, k.mu, sigma_codes=k.codes, threads=1, model=model),
             _api.encode(v.x, v.mu, sigma_codes=v.codes, threads=1, model=model),
@@ -192,7 +164,7 @@ def _encode_layer(
     for which, job in enumerate((k, v)):
         x, mu, codes = channel_major(job)
         tokens = int(mu.shape[-1])
-        joint = params.joint_model(joint_mode, which, tokens, outside, range(layer, layer + 1))
+        joint = plan.joint_model(which, tokens, outside, range(layer, layer + 1))
         out.append(_api.encode(x, mu, sigma_codes=codes, threads=1, chunk_size=mu.numel(), model=model, joint=joint))
         outside = _api.residuals(x, mu).reshape(1, -1, tokens)
     return out[0], out[1]

@@ -18,13 +18,21 @@ import torch
 from .. import _api, _speckv
 from .. import cuda as speckv_cuda
 from ..predictors.calibration import fp8_quantize
-from .target import Target
+from .target import SideParams, Target
 
 
 class HostKernels:
     """The steps on the host (tensors on a GPU are copied over first)."""
 
     on_gpu = False
+
+    def target(
+        self, side: SideParams, dtype: torch.dtype, pred: torch.Tensor, true: torch.Tensor | None, keep: bool
+    ) -> Target:
+        """One layer's K or V as the coder takes it (``CodingPlan.target``): ``true`` stored
+        (None when decoding), ``pred`` as ``mu`` and the sigma codes, from the layer's
+        ``side``."""
+        return _target(self, side, dtype, pred, true, keep)
 
     def stored(self, true: torch.Tensor, dtype: torch.dtype, fp8_scale: float | None, keep: bool) -> torch.Tensor:
         """``true`` as ``dtype`` stores it (``fp8_scale``: the fp8 mode's scale, else None)."""
@@ -76,6 +84,13 @@ class CudaKernels:
 
     on_gpu = True
 
+    def target(
+        self, side: SideParams, dtype: torch.dtype, pred: torch.Tensor, true: torch.Tensor | None, keep: bool
+    ) -> Target:
+        """``HostKernels.target`` on the GPU; with ``keep``, all three stay there (for the GPU
+        coder)."""
+        return _target(self, side, dtype, pred, true, keep)
+
     def stored(self, true: torch.Tensor, dtype: torch.dtype, fp8_scale: float | None, keep: bool) -> torch.Tensor:
         if fp8_scale is not None:
             stored = speckv_cuda.fp8_quantize(true, fp8_scale)
@@ -116,6 +131,30 @@ class CudaKernels:
 
 HOST = HostKernels()
 CUDA = CudaKernels()
+
+
+def _target(
+    k: HostKernels | CudaKernels,
+    side: SideParams,
+    dtype: torch.dtype,
+    pred: torch.Tensor,
+    true: torch.Tensor | None,
+    keep: bool,
+) -> Target:
+    """``target`` on either side: the stored tensor, ``mu`` and the sigma codes (per channel
+    from the plan, or per scalar for a relative sigma: on the GPU where ``mu`` stays there,
+    else on the host), each where ``mu`` is with ``keep``."""
+    x = k.stored(true, dtype, side.fp8_scale, keep) if true is not None else None
+    mu = k.mu(pred, side.fp8_scale, side.gain, keep)
+    codes: Any
+    if side.rel is None:
+        assert side.codes is not None
+        codes = side.codes
+    elif keep and mu.is_cuda:
+        return Target(x, mu, k.relative_codes(mu, side.sigma, side.rel))
+    else:
+        codes = HOST.relative_codes(mu.cpu(), side.sigma, side.rel)
+    return Target(x, mu, torch.from_numpy(codes).to(mu.device) if keep else codes)
 
 
 def kernels_for(t: torch.Tensor, device: str | None) -> HostKernels | CudaKernels:

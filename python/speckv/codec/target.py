@@ -1,6 +1,7 @@
 """``Target``: one layer's K or V as the coder sees it (the stored tensor, its prediction in
-the stored dtype's units, the sigma codes), and the cuts the container walks make of it: a
-block's tokens, channel-major order for the joint model, several layers stacked."""
+the stored dtype's units, the sigma codes), made from the layer's ``SideParams`` (what the
+coding plan holds of it), and the cuts the container walks make of it: a block's tokens,
+channel-major order for the joint model, several layers stacked."""
 
 from __future__ import annotations
 
@@ -10,9 +11,25 @@ import numpy as np
 import torch
 
 
+class SideParams(NamedTuple):
+    """One layer's K or V parameters that do not depend on the prediction (``plan.LayerPlan``
+    holds a layer's two), each ``[heads, dim]`` per channel."""
+
+    # the fp8 mode's scale (cache units per fp8 unit), else None
+    fp8_scale: float | None
+    # the joint model's per-channel gain on mu, or None
+    gain: torch.Tensor | None
+    # sigma, floored (the joint model's conditional sigma where coded jointly)
+    sigma: torch.Tensor
+    # relative sigma, or None where the calibration has none
+    rel: torch.Tensor | None
+    # the per-channel sigma codes ``[1, heads, 1, dim]`` where there is no relative sigma
+    codes: np.ndarray | None
+
+
 class Target(NamedTuple):
     """One layer's K or V, ``[batch, heads, tokens, dim]``: exactly what encoder and decoder
-    code with (``CodingParams.coding``)."""
+    code with (``CodingPlan.target``)."""
 
     # the stored tensor (bf16 / fp16 / fp8 bits); None on the decoding side
     x: torch.Tensor | None
@@ -43,6 +60,13 @@ def channel_major(job: Target) -> Target:
     x = x.transpose(-1, -2) if x is not None else None
     codes = codes.transpose(-1, -2) if isinstance(codes, torch.Tensor) else np.swapaxes(codes, -1, -2)
     return Target(x, mu.transpose(-1, -2), codes)
+
+
+def block_of(targets: list[Target], start: int, stop: int, joint: bool) -> Target:
+    """Tokens ``start:stop`` of layers' targets, stacked (``stack``); channel-major for the
+    joint model (``joint``)."""
+    part = [cut_tokens(t, start, stop) for t in targets]
+    return stack([channel_major(t) for t in part] if joint else part)
 
 
 def stack(targets: list[Target]) -> Target:

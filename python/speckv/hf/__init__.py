@@ -45,6 +45,10 @@ from ..prefix.prefix_store import PrefixStore
 
 # where each package under ``speckv.hf`` went (0.1 -> 0.2)
 MOVED = {
+    # modules merged into another (the more specific paths first)
+    "speckv.hf.codec.coding_params": "speckv.codec.plan",
+    "speckv.hf.codec.joint_models": "speckv.codec.plan",
+    "speckv.hf.codec.parallel": "speckv.codec.block_layout",
     "speckv.hf.codec": "speckv.codec",
     "speckv.hf.predictors": "speckv.predictors",
     "speckv.hf.models": "speckv.models",
