@@ -78,6 +78,42 @@ def test_predictions_do_not_depend_on_torch_threads(prefix_codec):
     assert data == again
 
 
+def test_the_prefix_pass_runs_where_the_walk_first_needs_it(prefix_codec, monkeypatch):
+    """A walk that waits for the forward pass first runs it on its own thread (torch reuses
+    that thread's workers); one that asks for a prefix layer first runs it on a background
+    thread, to code while it runs. The same predictions either way; a walk closed before it
+    asked for anything still runs the pass once (a prompt's next block continues its state)."""
+    import threading
+
+    from speckv.predictors.prefix_pass import PrefixState
+
+    model, codec = prefix_codec
+    predictor = codec.predictor
+    prompt = ids(40, 9)
+    where = []
+    real = predictor.prefix
+
+    def prefix(*args, **kwargs):
+        where.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predictor, "prefix", prefix)
+    layers = [(layer, which) for layer in range(predictor.layers) for which in (0, 1)]
+    waited = predictor.start(prompt)
+    waited.wait()
+    first = [waited.predict(layer, which) for layer, which in layers]
+    waited.close()
+    streamed = predictor.start(prompt)
+    second = [streamed.predict(layer, which) for layer, which in layers]
+    streamed.close()
+    assert where[0] == threading.get_ident() and where[1] != threading.get_ident()
+    for a, b in zip(first, second):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    state = PrefixState()
+    predictor.start(prompt, state).close()
+    assert len(where) == 3 and state.tokens == prompt.shape[1]
+
+
 def test_another_prediction_is_refused(prefix_codec):
     model, codec = prefix_codec
     prompt = ids(32, 11)

@@ -37,7 +37,7 @@ from ..predictors.base import AnyPredictor, ChannelStatsPredictor
 from ..predictors.calibration import Calibration, calibrate, model_fingerprint
 from ..predictors.cost import joint_by_default
 from ..predictors.early_exit import ModelPrefixPredictor
-from ..predictors.layerwise import is_layerwise, walk_layers
+from ..predictors.layerwise import is_layerwise, overlap_pays, walk_layers
 from . import identity
 from .block_layout import held, wanted
 from .decode_walk import decode_layerwise, decode_whole, quiet_torch
@@ -190,6 +190,9 @@ class SpeculativeCodec:
             yield from self.predictor.predict(input_ids)
             return
         run = run if run is not None else self.predictor.start(input_ids)
+        wait = getattr(run, "wait", None)
+        if callable(wait) and not overlap_pays(int(getattr(self.predictor, "threads", 1))):
+            wait()  # the forward pass first, on this thread (``overlap_pays``)
         plan = self.params.plan(dtype, joint=False, threads=1)
 
         def observed(layer: int, which: int, t: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ from .. import _api, container
 from .._speckv import CorruptStreamError
 from ..models.cache import last_tokens
 from ..predictors.base import fixed_threads
+from ..predictors.layerwise import overlap_pays
 from .block_layout import join, parallel, per_layer_batch
 from .plan import CodingPlan
 from .target import Target, block_of, channel_major, cut_tokens
@@ -192,7 +192,7 @@ def decode_layerwise(
         raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
     n_threads = plan.threads
     if pipeline is None:
-        pipeline = (os.cpu_count() or 1) > predictor_threads
+        pipeline = overlap_pays(predictor_threads)
     out: dict[int, list[torch.Tensor]] = {}
     upto = max(wanted) + 1
     # joint: per block, the keys' residuals of the layers being decoded (the values'

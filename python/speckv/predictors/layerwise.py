@@ -21,6 +21,7 @@ so the same predictions. ``decompress_layer(l)`` of such a stream decodes layers
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -70,6 +71,15 @@ def is_layerwise(predictor: object) -> TypeIs[LayerwisePredictor]:
     return callable(getattr(predictor, "start", None))
 
 
+def overlap_pays(predictor_threads: int) -> bool:
+    """Whether a walk should code layers while its predictor's forward pass runs: where the
+    machine has more cores than the pass's torch threads. Elsewhere the pass runs first, on
+    the walk's own thread (``wait``), and the coding after it: sharing the cores slows the
+    pass more than the overlap gains, and torch on the caller's thread reuses its OpenMP
+    workers (a new thread's pass: ~1.6x slower on a 2-core Intel Xeon)."""
+    return (os.cpu_count() or 1) > predictor_threads
+
+
 def walk_layers(
     run: LayerRun,
     kv: KV,
@@ -104,4 +114,4 @@ def walk(
     return list(walk_layers(run, kv, observed, past_independent))
 
 
-__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise", "walk", "walk_layers"]
+__all__ = ["LayerRun", "LayerwisePredictor", "WholeRun", "is_layerwise", "overlap_pays", "walk", "walk_layers"]
