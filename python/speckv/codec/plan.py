@@ -163,9 +163,10 @@ class CodingParams:
         measuring (ideal code lengths); never what is coded (see the module docs). ``mu`` is
         the prediction's, without the joint model's gain."""
         side = self.layer(mode, layer, joint).sides[kv]
-        k = kernels_for(pred, self.device)
-        x = k.stored(true, MODES[mode], side.fp8_scale, False) if true is not None else None
-        mu = k.mu(pred, side.fp8_scale, None, False)
+        x = None
+        if true is not None:
+            x = kernels_for(true, self.device).stored(true, MODES[mode], side.fp8_scale, False)
+        mu = kernels_for(pred, self.device).mu(pred, side.fp8_scale, None, False)
         sigma = side.sigma[None, :, None, :]
         if side.rel is not None:
             sigma = torch.sqrt(sigma * sigma + (side.rel[None, :, None, :] * mu) ** 2)
