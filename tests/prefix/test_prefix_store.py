@@ -395,3 +395,68 @@ def test_the_block_codec_codes_one_block_from_the_walk_before_it(codec):
     other[0, 5] += 1
     with pytest.raises(PredictionMismatchError):
         blocks.decode(data, other[:, :end], start, walked(2))
+
+
+def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch):
+    """``BlockCodec.decode_blocks``: a prompt's blocks decoded in one walk (each block's own
+    forward pass in turn, each layer's maps once over every block's tokens) are each block's
+    own decode, bit for bit, for blocks coded one by one; the store restores through it."""
+    from speckv.hf import BlockCodec, PrefixState
+
+    blocks = BlockCodec(codec, "bf16")
+    a, _ = shared_prompts()
+    kv = extract_kv(prefill(codec.model, a))
+    datas, state = [], PrefixState()
+    for b in range(4):
+        lo, hi = b * BLOCK, (b + 1) * BLOCK
+        datas.append(blocks.encode([(k[:, :, lo:hi], v[:, :, lo:hi]) for k, v in kv], a[:, :hi], lo, state))
+    walks = []
+    start = codec.predictor.start
+
+    def walk(block_ids, state=None, block=None):
+        walks.append((int(block_ids.shape[1]), block))
+        return start(block_ids, state, block)
+
+    monkeypatch.setattr(codec.predictor, "start", walk)
+    together = blocks.decode_blocks(datas, a, 0, PrefixState())
+    assert walks == [(4 * BLOCK, BLOCK)]  # one walk over the four blocks
+    monkeypatch.undo()
+    one_state = PrefixState()
+    for b, data in enumerate(datas):
+        alone = blocks.decode(data, a[:, : (b + 1) * BLOCK], b * BLOCK, one_state)
+        for (k, v), (k2, v2) in zip(together[b], alone):
+            assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
+            assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
+        for layer, pair in enumerate(alone):
+            for which in (0, 1):
+                want = kv[layer][which][:, :, b * BLOCK : (b + 1) * BLOCK].to(torch.bfloat16)
+                assert torch.equal(pair[which].view(torch.int16), want.view(torch.int16))
+    # a block that does not belong there is refused before any predictor runs
+    with pytest.raises(PredictionMismatchError):
+        blocks.decode_blocks([datas[0], datas[2]], a[:, : 2 * BLOCK], 0, PrefixState())
+
+
+def test_a_block_that_fails_to_decode_ends_the_prefix_there(codec, monkeypatch):
+    """A block whose header passes and whose payload does not decode against the prediction
+    (here: the maps made to predict otherwise from block 2 on) ends the restored prefix there:
+    the store falls back to decoding block by block, serves the blocks before it and counts
+    the entry corrupt, not a hit."""
+    store = PrefixStore(codec, MemoryBackend(), block_size=BLOCK)
+    a, _ = shared_prompts()
+    store.put(a, prefill(codec.model, a))
+    predictor = codec.predictor
+    real = predictor.map_predict
+
+    def off_from_block_2(layer, which, observed, ropes, shape, *args, **kwargs):
+        out = real(layer, which, observed, ropes, shape, *args, **kwargs)
+        if ropes.start + shape[2] > 2 * BLOCK:  # a walk whose tokens reach block 2
+            out = out.clone()
+            out[:, :, -1] += 1.0
+        return out
+
+    monkeypatch.setattr(predictor, "map_predict", off_from_block_2)
+    before = store.stats()
+    kv, n = store.get_kv(a)
+    after = store.stats()
+    assert n == 2 * BLOCK and kv[0][0].shape[2] == 2 * BLOCK
+    assert after["hits"] - before["hits"] == 2 and after["corrupt_entries"] - before["corrupt_entries"] == 1

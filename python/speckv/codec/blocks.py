@@ -9,6 +9,13 @@ already); a whole-prompt predictor (per-channel statistics) from the block's own
 sides walk the same blocks in the same order, so a block decodes bit for bit whichever prompt
 stored it.
 
+``decode_blocks`` decodes a run of consecutive blocks in one walk where the predictor allows
+(a ``ModelPrefixPredictor`` of a model without sliding windows): each block's forward pass in
+turn, then each layer's maps once over every block's tokens (they are row by row, so each
+block gets its own walk's prediction bit for bit), each block's part decoded from its own
+container. A store restores a prompt of many blocks at about one container's cost instead of
+paying a walk's fixed costs per layer once per block (``benches/block_restore.py``).
+
 >>> blocks = BlockCodec(codec, "bf16")                          # doctest: +SKIP
 >>> state = PrefixState()                                       # doctest: +SKIP
 >>> data = blocks.encode(kv[:, :, 0:16], ids[:, :16], 0, state)  # doctest: +SKIP
@@ -23,8 +30,10 @@ import torch
 from .. import _api
 from ..models.cache import KV
 from ..predictors.early_exit import ModelPrefixPredictor
+from ..predictors.layerwise import overlap_pays
 from ..predictors.prefix_pass import PrefixState
 from .codec import SpeculativeCodec
+from .decode_walk import decode_blocks_layerwise
 from .modes import MODES
 
 
@@ -76,6 +85,48 @@ class BlockCodec:
         layers = codec._decode(c, input_ids, None, self.threads, None, None, run)
         return [layers[i] for i in range(c.layers)]
 
+    def check(self, data: bytes, input_ids: torch.Tensor) -> None:
+        """Refuses a block's container unless this codec made it for ``input_ids`` (the prompt
+        up to the block's end): ``CorruptStreamError`` or ``PredictionMismatchError``, before
+        any predictor runs."""
+        self.codec._checked(data, input_ids)
+
+    def decode_blocks(
+        self, datas: list[bytes], input_ids: torch.Tensor, start: int, state: PrefixState | None = None
+    ) -> list[KV]:
+        """``decode`` of consecutive blocks (``datas``: their containers in order,
+        ``input_ids``: the prompt up to the last one's end, ``start``: the first one's first
+        token), in one walk where the predictor allows (module docs), else one by one: the
+        same checks before the predictor runs, the same bits. ``state`` as for ``decode``,
+        advanced past every block."""
+        codec = self.codec
+        cs, end = [], start
+        for data in datas:
+            end += codec.read_header(data).tokens
+            cs.append(codec._checked(data, input_ids[:, :end]))
+        if end != int(input_ids.shape[-1]):
+            raise ValueError(f"datas: blocks of {end - start} tokens from {start}, input_ids has {input_ids.shape[-1]}")
+        predictor = codec.predictor
+        plans = [codec.params.reading(c, self.threads, layerwise=True) for c in cs]
+        joined = (
+            len(cs) > 1
+            and isinstance(predictor, ModelPrefixPredictor)
+            and all(w is None for w in predictor.windows)
+            and all(c.layout == "stacked" and len(c.blocks) == 1 and c.tokens == cs[0].tokens for c in cs)
+            and not any(p.joint for p in plans)
+            and len({p.mode for p in plans}) == 1
+        )
+        if not joined:
+            out, at = [], start
+            for data, c in zip(datas, cs):
+                at += c.tokens
+                out.append(self.decode(data, input_ids[:, :at], at - c.tokens, state))
+            return out
+        run = self._run(input_ids[:, start:], start, state, block=cs[0].tokens)
+        pipeline = overlap_pays(int(getattr(predictor, "threads", 1)))
+        layers = decode_blocks_layerwise(plans, cs, run, pipeline)
+        return [[got[i] for i in range(c.layers)] for got, c in zip(layers, cs)]
+
     def skip(self, block_ids: torch.Tensor, state: PrefixState) -> None:
         """Carries a walking predictor's ``state`` past a block coded elsewhere (one stored
         already): its forward pass over the block, nothing predicted. Nothing for a
@@ -84,16 +135,17 @@ class BlockCodec:
         if isinstance(predictor, ModelPrefixPredictor):
             predictor.prefix(block_ids, _ignore_layer, state)
 
-    def _run(self, block_ids: torch.Tensor, start: int, state: PrefixState | None) -> Any:
-        """A walking predictor's run over one block, continuing ``state`` (None for a
-        whole-prompt predictor, which needs none)."""
+    def _run(self, block_ids: torch.Tensor, start: int, state: PrefixState | None, block: int | None = None) -> Any:
+        """A walking predictor's run over one block (``block``: over consecutive blocks of that
+        many tokens), continuing ``state`` (None for a whole-prompt predictor, which needs
+        none)."""
         predictor = self.codec.predictor
         if not isinstance(predictor, ModelPrefixPredictor):
             return None
         state = state if state is not None else PrefixState()
         if state.tokens != start:
             raise ValueError(f"state: walked {state.tokens} tokens, the block starts at {start}")
-        return predictor.start(block_ids, state)
+        return predictor.start(block_ids, state, block)
 
 
 def _ignore_layer(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

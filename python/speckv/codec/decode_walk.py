@@ -263,6 +263,56 @@ def decode_layerwise(
     return {layer: (out[layer][0], out[layer][1]) for layer in wanted}
 
 
+def decode_blocks_layerwise(
+    plans: list[CodingPlan], cs: list[container.Container], run: Any, pipeline: bool
+) -> list[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+    """Consecutive token blocks of one prompt, each its own container of a layer-wise
+    predictor's (stacked, one token block, a chunk per layer), decoded in one walk: ``run``
+    walks every block's tokens at once (``ModelPrefixPredictor.start(block=...)``), so each
+    layer's maps run once over all of them, and each block's part of a layer is decoded from
+    its own container against its own part of the prediction (the maps are row by row: the
+    same bits as a walk per block; a block that is not raises its stream's
+    ``PredictionMismatchError``). Every block's every layer; ``run`` closed here.
+    ``pipeline``: as for ``decode_layerwise`` (False: the forward pass first, on this
+    thread)."""
+    bounds, at = [], 0
+    for c in cs:
+        if c.layout != "stacked" or len(c.blocks) != 1 or c.layers != cs[0].layers:
+            raise CorruptStreamError("cache container: not one token block of a layer-wise stream")
+        if any(s is None or s.layers_per_chunk != 1 for s in c.blocks[0]):
+            raise CorruptStreamError("cache container: a layer-wise stream needs whole chunks per layer")
+        bounds.append((at, at + c.tokens))
+        at += c.tokens
+    out: list[dict[int, list[torch.Tensor]]] = [{} for _ in cs]
+    threads = plans[0].threads
+    if hasattr(run, "threads"):
+        run.threads = threads
+    quiet = contextlib.ExitStack()
+    try:
+        wait = getattr(run, "wait", None)
+        if not pipeline and callable(wait):
+            wait()
+        independent = int(getattr(run, "independent_layers", 0))
+        for layer in range(cs[0].layers):
+            if layer == independent:
+                quiet.enter_context(quiet_torch(run))
+            for which in (0, 1):
+                # one target over every block's tokens (per scalar: the same bits as each
+                # block's own), cut per block
+                whole = plans[0].target(layer, which, run.predict(layer, which))
+                values = []
+                for i, (plan, c, (lo, hi)) in enumerate(zip(plans, cs, bounds)):
+                    target = cut_tokens(whole, lo, hi)
+                    value = decode_stacked(plan, c, 0, which, layer, [target], {}, threads)[0]
+                    values.append(value.reshape(target.mu.shape))
+                    out[i].setdefault(layer, []).append(values[-1])
+                run.observe(layer, which, plans[0].observed(layer, which, torch.cat(values, dim=2)))
+    finally:
+        quiet.close()
+        run.close()
+    return [{layer: (kv[0], kv[1]) for layer, kv in blocks.items()} for blocks in out]
+
+
 @contextlib.contextmanager
 def quiet_torch(run: Any) -> Iterator[None]:
     """The walk past a run's independent layers (its maps, one layer at a time): torch on one

@@ -211,12 +211,14 @@ class ModelPrefixPredictor:
         self.prefix(input_ids, lambda layer, k, v: None, hidden=got.append)
         return _hidden_source(got[0])
 
-    def start(self, input_ids: torch.Tensor, state: PrefixState | None = None) -> _PrefixRun:
+    def start(self, input_ids: torch.Tensor, state: PrefixState | None = None, block: int | None = None) -> _PrefixRun:
         """A walk over ``input_ids`` (with ``state``: the next block of a prompt; see
-        ``PrefixState``)."""
+        ``PrefixState``). ``block``: ``input_ids`` are consecutive blocks of that many tokens,
+        which the forward pass runs one after another as a walk over each block would (so each
+        block's prediction is its own walk's, bit for bit: the maps are row by row)."""
         if self.layers < self.n_layers and not self.maps:
             raise ValueError("ModelPrefixPredictor: the maps are not fitted: calibrate the codec first")
-        return _PrefixRun(self, input_ids, state)
+        return _PrefixRun(self, input_ids, state, block)
 
     def _joint(self, layer: int) -> tuple[Any, Any]:
         """K's map and the part of V's map that reads the previous layers, side by side (one

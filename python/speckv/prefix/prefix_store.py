@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .._speckv import CorruptStreamError, PredictionMismatchError
 from ..codec.blocks import BlockCodec
 from ..codec.codec import SpeculativeCodec
 from ..codec.modes import MODES
@@ -145,13 +146,20 @@ class PrefixStore(BlockChain):
         (fp8 as stored), for engines with caches of their own; ``([], 0)`` if none."""
         target = restore_device(device, input_ids)
         ids = _ids(input_ids)
-        state = PrefixState()
 
-        def decoded(b: int, data: bytes) -> KV:
-            end = (b + 1) * self.block_size
-            return self.blocks.decode(data, ids[:, :end], end - self.block_size, state)
+        def checked(b: int, data: bytes) -> bytes:
+            self.blocks.check(data, ids[:, : (b + 1) * self.block_size])
+            return data
 
-        blocks = self._read_chain(self.keys(ids), decoded)
+        # the chain's entries read and their headers checked (a foreign or damaged one ends it
+        # there), then decoded in one walk (``BlockCodec.decode_blocks``)
+        datas = self._read_chain(self.keys(ids), checked)
+        if not datas:
+            return [], 0
+        try:
+            blocks = self.blocks.decode_blocks(datas, ids[:, : len(datas) * self.block_size], 0, PrefixState())
+        except (CorruptStreamError, PredictionMismatchError):
+            blocks = self._decode_each(datas, ids)
         if not blocks:
             return [], 0
         n_layers = len(blocks[0])
@@ -160,6 +168,20 @@ class PrefixStore(BlockChain):
             return torch.cat([blk[layer][which] for blk in blocks], dim=2).to(target)
 
         return [(joined(layer, 0), joined(layer, 1)) for layer in range(n_layers)], len(blocks) * self.block_size
+
+    def _decode_each(self, datas: list[bytes], ids: torch.Tensor) -> list[KV]:
+        """The blocks one by one, where decoding them together failed: a block whose payload
+        is damaged ends the prefix there (``_read_chain`` counted it as a hit: now corrupt)."""
+        state, out = PrefixState(), []
+        for b, data in enumerate(datas):
+            end = (b + 1) * self.block_size
+            try:
+                out.append(self.blocks.decode(data, ids[:, :end], end - self.block_size, state))
+            except (CorruptStreamError, PredictionMismatchError):
+                self._stats["hits"] -= len(datas) - b
+                self._stats["corrupt_entries"] += 1
+                break
+        return out
 
     def generate(self, input_ids: torch.Tensor, *, store: bool = True, **generate_kwargs: Any) -> torch.Tensor:
         """``model.generate`` that starts from the longest stored prefix: restores it, lets the
