@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .. import _api
+from .._speckv import CorruptStreamError
 from ..models.cache import KV
 from ..predictors.early_exit import ModelPrefixPredictor
 from ..predictors.layerwise import overlap_pays
@@ -105,7 +106,11 @@ class BlockCodec:
             end += codec.read_header(data).tokens
             cs.append(codec._checked(data, input_ids[:, :end]))
         if end != int(input_ids.shape[-1]):
-            raise ValueError(f"datas: blocks of {end - start} tokens from {start}, input_ids has {input_ids.shape[-1]}")
+            # the containers' own count disagrees with the prompt they were checked against
+            raise CorruptStreamError(
+                f"cache container: the blocks hold {end - start} tokens from {start}, "
+                f"input_ids has {input_ids.shape[-1]}"
+            )
         predictor = codec.predictor
         plans = [codec.params.reading(c, self.threads, layerwise=True) for c in cs]
         joined = (
