@@ -397,13 +397,17 @@ def test_the_block_codec_codes_one_block_from_the_walk_before_it(codec):
         blocks.decode(data, other[:, :end], start, walked(2))
 
 
-def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch):
+@pytest.mark.parametrize("joint", [False, True])
+def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch, joint):
     """``BlockCodec.decode_blocks``: a prompt's blocks decoded in one walk (each block's own
     forward pass in turn, each layer's maps once over every block's tokens) are each block's
-    own decode, bit for bit, for blocks coded one by one; the store restores through it."""
+    own decode, bit for bit, for blocks coded one by one, with the joint model too (each
+    block's values read its own keys' residuals); the store restores through it."""
     from speckv.hf import BlockCodec, PrefixState
 
-    blocks = BlockCodec(codec, "bf16")
+    coder = SpeculativeCodec(codec.model, codec.calibration, codec.predictor, joint=joint)
+    assert bool(coder.params.plan("bf16", joint=joint, threads=1).joint_layers) == joint
+    blocks = BlockCodec(coder, "bf16")
     a, _ = shared_prompts()
     kv = extract_kv(prefill(codec.model, a))
     datas, state = [], PrefixState()

@@ -10,7 +10,8 @@ sides walk the same blocks in the same order, so a block decodes bit for bit whi
 stored it.
 
 ``decode_blocks`` decodes a run of consecutive blocks in one walk where the predictor allows
-(a ``ModelPrefixPredictor`` of a model without sliding windows): each block's forward pass in
+(a ``ModelPrefixPredictor`` of a model without sliding windows, the blocks in one storage
+mode, all coded with the joint model or none): each block's forward pass in
 turn, then each layer's maps once over every block's tokens (they are row by row, so each
 block gets its own walk's prediction bit for bit), each block's part decoded from its own
 container. A store restores a prompt of many blocks at about one container's cost instead of
@@ -118,8 +119,7 @@ class BlockCodec:
             and isinstance(predictor, ModelPrefixPredictor)
             and all(w is None for w in predictor.windows)
             and all(c.layout == "stacked" and len(c.blocks) == 1 and c.tokens == cs[0].tokens for c in cs)
-            and not any(p.joint for p in plans)
-            and len({p.mode for p in plans}) == 1
+            and len({(p.mode, p.joint) for p in plans}) == 1
         )
         if not joined:
             out, at = [], start
@@ -129,7 +129,7 @@ class BlockCodec:
             return out
         run = self._run(input_ids[:, start:], start, state, block=cs[0].tokens)
         pipeline = overlap_pays(int(getattr(predictor, "threads", 1)))
-        layers = decode_blocks_layerwise(plans, cs, run, pipeline)
+        layers = decode_blocks_layerwise(plans[0], cs, run, pipeline)
         return [[got[i] for i in range(c.layers)] for got, c in zip(layers, cs)]
 
     def skip(self, block_ids: torch.Tensor, state: PrefixState) -> None:

@@ -264,7 +264,7 @@ def decode_layerwise(
 
 
 def decode_blocks_layerwise(
-    plans: list[CodingPlan], cs: list[container.Container], run: Any, pipeline: bool
+    plan: CodingPlan, cs: list[container.Container], run: Any, pipeline: bool
 ) -> list[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """Consecutive token blocks of one prompt, each its own container of a layer-wise
     predictor's (stacked, one token block, a chunk per layer), decoded in one walk: ``run``
@@ -272,7 +272,9 @@ def decode_blocks_layerwise(
     layer's maps run once over all of them, and each block's part of a layer is decoded from
     its own container against its own part of the prediction (the maps are row by row: the
     same bits as a walk per block; a block that is not raises its stream's
-    ``PredictionMismatchError``). Every block's every layer; ``run`` closed here.
+    ``PredictionMismatchError``), with ``plan`` (every block's: one mode, joint or not; a
+    jointly coded V reads its own block's K residuals). Every block's every layer; ``run``
+    closed here.
     ``pipeline``: as for ``decode_layerwise`` (False: the forward pass first, on this
     thread)."""
     bounds, at = [], 0
@@ -284,7 +286,9 @@ def decode_blocks_layerwise(
         bounds.append((at, at + c.tokens))
         at += c.tokens
     out: list[dict[int, list[torch.Tensor]]] = [{} for _ in cs]
-    threads = plans[0].threads
+    # joint: per block, its keys' residuals of the layer being decoded (its values' outside)
+    outside: list[dict[int, np.ndarray]] = [{} for _ in cs]
+    threads = plan.threads
     if hasattr(run, "threads"):
         run.threads = threads
     quiet = contextlib.ExitStack()
@@ -299,14 +303,14 @@ def decode_blocks_layerwise(
             for which in (0, 1):
                 # one target over every block's tokens (per scalar: the same bits as each
                 # block's own), cut per block
-                whole = plans[0].target(layer, which, run.predict(layer, which))
+                whole = plan.target(layer, which, run.predict(layer, which))
                 values = []
-                for i, (plan, c, (lo, hi)) in enumerate(zip(plans, cs, bounds)):
+                for i, (c, (lo, hi)) in enumerate(zip(cs, bounds)):
                     target = cut_tokens(whole, lo, hi)
-                    value = decode_stacked(plan, c, 0, which, layer, [target], {}, threads)[0]
+                    value = decode_stacked(plan, c, 0, which, layer, [target], outside[i], threads)[0]
                     values.append(value.reshape(target.mu.shape))
                     out[i].setdefault(layer, []).append(values[-1])
-                run.observe(layer, which, plans[0].observed(layer, which, torch.cat(values, dim=2)))
+                run.observe(layer, which, plan.observed(layer, which, torch.cat(values, dim=2)))
     finally:
         quiet.close()
         run.close()
