@@ -66,6 +66,11 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "the core",
         "`0`: portable kernels only; `avx2`: no AVX-512 kernels (every kernel computes the same bits)",
     ),
+    "SPECKV_AMX": (
+        "the core",
+        "`0`: the layer maps' sums without AMX's int8 tiles (Intel Xeon from Sapphire Rapids, Linux), "
+        "with AVX-512 VNNI instead (the same sums)",
+    ),
     "SPECKV_CACHE_DIR": (
         "the CLI, model loading, the CUDA module",
         "where calibrations, the converted demo model and compiled CUDA kernels are cached "

@@ -273,7 +273,7 @@ print(_speckv.map_kernel(), h.hexdigest())
 
 def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_path):
     """The bytes of a map-only stream (layer 0, its hidden state, integer maps) decode to the same cache in
-    processes whose maps and coder run other SIMD kernels (SPECKV_SIMD) and torch other
+    processes whose maps and coder run other SIMD kernels (SPECKV_SIMD, SPECKV_AMX) and torch other
     thread counts: the maps' sums are integers (``LinearMap``), RoPE's tables correctly
     rounded, so the prediction does not depend on them."""
     import hashlib
@@ -298,15 +298,15 @@ def test_map_predictions_are_the_same_under_every_kernel_and_thread_count(tmp_pa
         h.update(v.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
     want = h.hexdigest()
     kernels = set()
-    for simd, threads in (("", 1), ("avx2", 3), ("0", 2)):
-        env = {**os.environ, "SPECKV_SIMD": simd}
+    for simd, amx, threads in (("", "", 1), ("", "0", 2), ("avx2", "", 3), ("0", "", 2)):
+        env = {**os.environ, "SPECKV_SIMD": simd, "SPECKV_AMX": amx}
         args = [str(folder), str(tmp_path / "cal.safetensors"), str(tmp_path / "data"), str(threads)]
         out = subprocess.run(
             [sys.executable, "-c", _DECODE_ELSEWHERE, *args], env=env, capture_output=True, text=True, timeout=300
         )
         assert out.returncode == 0, out.stderr[-2000:]
         kernel, digest = out.stdout.split()
-        assert digest == want, (simd, threads, kernel)
+        assert digest == want, (simd, amx, threads, kernel)
         kernels.add(kernel)
     assert "portable" in kernels  # SPECKV_SIMD=0 took the portable sums
 

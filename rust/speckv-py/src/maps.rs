@@ -73,7 +73,7 @@ impl PyLinearMap {
     }
 }
 
-/// Which kernel computes the linear maps here: "avx512-vnni", "avx512", "avx2" or "portable"
+/// Which kernel computes the linear maps here: "amx-int8", "avx512-vnni", "avx512", "avx2" or "portable"
 /// (the same sums either way).
 #[pyfunction]
 pub(crate) fn map_kernel() -> &'static str {

@@ -16,9 +16,11 @@
 //! `x * 2^shift` is exact in f32 (a power of two; `shift` is small), `w` (i16, never -32768)
 //! and `scale` (a power of two) are fixed at calibration (`speckv.hf.prefix`), chosen so that
 //! `acc` does not wrap on real data (where it would, the prediction is poor but still the
-//! same everywhere). The kernels: portable Rust, AVX2 (`vpmaddwd`) and AVX-512 (`vpmaddwd`, or
-//! `vpdpwssd` with VNNI), all computing `acc` mod 2^32; `SPECKV_SIMD=0` / `avx2` select them
-//! as for the coder.
+//! same everywhere). The kernels: portable Rust, AVX2 (`vpmaddwd`), AVX-512 (`vpmaddwd`, or
+//! `vpdpwssd` with VNNI) and AMX's int8 tiles (`amx`: each i16 as two bytes, four tile
+//! products), all computing `acc` mod 2^32; `SPECKV_SIMD=0` / `avx2` select them as for the
+//! coder, `SPECKV_AMX=0` keeps VNNI where AMX is there. With AVX-512 the features are
+//! quantized 16 at a time (`x86::quantize16`, M1's `q` in vector steps).
 //!
 //! Weights are packed once (`LinearMap::new`): pairs of features interleaved per output,
 //! `packed[(p * outputs_padded + o) * 2 + i] = w[2p + i, o]`, outputs padded to a multiple of
@@ -26,6 +28,9 @@
 
 use crate::error::{invalid, Result};
 use crate::parallel::for_each_piece_mut;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx;
 
 /// Output lanes per register in the widest kernel; outputs are padded to a multiple of it.
 const LANES: usize = 16;
@@ -46,6 +51,9 @@ pub struct LinearMap {
     packed: Vec<i16>,
     bias: Vec<f32>,
     scale: Vec<f32>,
+    /// The weights in AMX's layout, where the maps sum with AMX (`Kernel::Amx`).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    amx: Option<amx::Packed>,
 }
 
 fn power_of_two(e: i32) -> f32 {
@@ -100,6 +108,8 @@ impl LinearMap {
             padded,
             pairs,
             shift: shift.iter().map(|&s| power_of_two(s)).collect(),
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            amx: (kernel() == Kernel::Amx).then(|| amx::Packed::new(features, padded, &packed)),
             packed,
             bias: bias.to_vec(),
             scale: scale_shift.iter().map(|&s| power_of_two(-s)).collect(),
@@ -136,9 +146,18 @@ impl LinearMap {
     }
 
     fn apply_rows(&self, x: &[f32], rows: usize, y: &mut [f32]) {
-        let q = self.quantize(x, rows);
         let mut acc = vec![0i32; rows * self.padded];
-        accumulate(kernel(), &q, rows, self.pairs, &self.packed, self.padded, &mut acc);
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if let Some(w) = &self.amx {
+            // SAFETY: `amx` is built only where `kernel()` picked AMX, which `amx::available()`
+            // granted (with AVX-512F and BW).
+            unsafe { amx::accumulate(w, x, &self.shift, rows, &mut acc, self.padded) };
+        } else {
+            let q = self.quantize(x, rows);
+            accumulate(kernel(), &q, rows, self.pairs, &self.packed, self.padded, &mut acc);
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        accumulate(kernel(), &self.quantize(x, rows), rows, self.pairs, &self.packed, self.padded, &mut acc);
         for t in 0..rows {
             let a = &acc[t * self.padded..t * self.padded + self.outputs];
             for (o, out) in y[t * self.outputs..(t + 1) * self.outputs].iter_mut().enumerate() {
@@ -150,6 +169,13 @@ impl LinearMap {
     /// `q` as pairs of i16 in one i32 each (`rows x pairs`), the first feature in the low half.
     fn quantize(&self, x: &[f32], rows: usize) -> Vec<i32> {
         let mut q = vec![0i32; rows * self.pairs];
+        #[cfg(target_arch = "x86_64")]
+        if !matches!(kernel(), Kernel::Portable | Kernel::Avx2) {
+            // SAFETY: the other kernels are picked only where AVX-512F is; `q` has `rows * pairs`
+            // i32, `2 * pairs >= features` i16 a row.
+            unsafe { x86::quantize_rows(x, &self.shift, rows, self.pairs, &mut q) };
+            return q;
+        }
         for t in 0..rows {
             let row = &x[t * self.features..(t + 1) * self.features];
             for p in 0..self.pairs {
@@ -186,6 +212,9 @@ enum Kernel {
     Avx512,
     #[cfg(target_arch = "x86_64")]
     Vnni,
+    /// AMX's int8 tiles (`amx`; the weights in their own layout, so not through `accumulate`).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    Amx,
 }
 
 fn kernel() -> Kernel {
@@ -198,6 +227,15 @@ fn kernel() -> Kernel {
             let simd = simd.trim();
             let wide = simd != "0" && simd != "avx2";
             if wide && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                #[cfg(target_os = "linux")]
+                // (every AMX processor has VNNI too: `accumulate` takes it for such a map's
+                // tests, and the check keeps that true under a hypervisor that hides one)
+                if is_x86_feature_detected!("avx512vnni")
+                    && std::env::var("SPECKV_AMX").map_or(true, |v| v.trim() != "0")
+                    && amx::available()
+                {
+                    return Kernel::Amx;
+                }
                 if is_x86_feature_detected!("avx512vnni") {
                     return Kernel::Vnni;
                 }
@@ -213,7 +251,7 @@ fn kernel() -> Kernel {
     Kernel::Portable
 }
 
-/// Which kernel computes the maps in this process: `"avx512-vnni"`, `"avx512"`, `"avx2"` or
+/// Which kernel computes the maps in this process: `"amx-int8"`, `"avx512-vnni"`, `"avx512"`, `"avx2"` or
 /// `"portable"` (all compute the same sums).
 pub fn kernel_name() -> &'static str {
     match kernel() {
@@ -224,6 +262,8 @@ pub fn kernel_name() -> &'static str {
         Kernel::Avx512 => "avx512",
         #[cfg(target_arch = "x86_64")]
         Kernel::Vnni => "avx512-vnni",
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        Kernel::Amx => "amx-int8",
     }
 }
 
@@ -240,6 +280,10 @@ fn accumulate(k: Kernel, q: &[i32], rows: usize, pairs: usize, packed: &[i16], p
         Kernel::Avx512 => unsafe { x86::avx512(q, rows, pairs, packed, padded, acc) },
         #[cfg(target_arch = "x86_64")]
         Kernel::Vnni => unsafe { x86::vnni(q, rows, pairs, packed, padded, acc) },
+        // a map that sums with AMX holds its own weights and does not come here: `Amx` is only
+        // picked where VNNI is there too
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        Kernel::Amx => unsafe { x86::vnni(q, rows, pairs, packed, padded, acc) },
     }
 }
 
@@ -261,6 +305,48 @@ fn portable(q: &[i32], rows: usize, pairs: usize, packed: &[i16], padded: usize,
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// M1's `q` of 16 features (`super::quantize_one`'s steps in a vector: NaN to 0, the
+    /// clamp, rounding half to even), one per i32 lane.
+    ///
+    /// # Safety
+    /// AVX-512F; 16 floats readable at `x` and at `scale`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn quantize16(x: *const f32, scale: *const f32) -> __m512i {
+        // SAFETY: the caller's pointers (above).
+        let v = unsafe { _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(scale)) };
+        let v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), v);
+        let v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-32767.0)), _mm512_set1_ps(32767.0));
+        _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+    }
+
+    /// `LinearMap::quantize` 16 features at a time (the pairs are the i16 in order).
+    ///
+    /// # Safety
+    /// AVX-512F; `x` holds `rows * scale.len()` floats, `q` `rows * pairs` with `2 * pairs >=
+    /// scale.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn quantize_rows(x: &[f32], scale: &[f32], rows: usize, pairs: usize, q: &mut [i32]) {
+        let features = scale.len();
+        let whole = features / 16 * 16;
+        for t in 0..rows {
+            let (x, out) =
+                (&x[t * features..(t + 1) * features], q[t * pairs..(t + 1) * pairs].as_mut_ptr() as *mut i16);
+            for j in (0..whole).step_by(16) {
+                // SAFETY: `j + 16 <= features`: inside the row of `x`, of `scale`, and of the
+                // row's `2 * pairs` i16.
+                unsafe {
+                    let v = quantize16(x.as_ptr().add(j), scale.as_ptr().add(j));
+                    _mm256_storeu_si256(out.add(j) as *mut __m256i, _mm512_cvtepi32_epi16(v));
+                }
+            }
+            for j in whole..features {
+                // SAFETY: `j < features <= 2 * pairs`.
+                unsafe { *out.add(j) = super::quantize_one(x[j], scale[j]) };
+            }
+        }
+    }
 
     /// Rows per register tile: each row's pair is broadcast once per step and meets every
     /// output register of the tile.
@@ -483,6 +569,14 @@ mod tests {
                     assert_eq!(got, want, "{k:?} {rows}x{features}->{outputs}");
                 }
             }
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            if amx::available() {
+                let w = amx::Packed::new(features, m.padded, &m.packed);
+                let mut got = vec![0i32; rows * m.padded];
+                // SAFETY: `available()` returned true.
+                unsafe { amx::accumulate(&w, &x, &m.shift, rows, &mut got, m.padded) };
+                assert_eq!(got, want, "AMX {rows}x{features}->{outputs}");
+            }
         }
     }
 
@@ -512,6 +606,61 @@ mod tests {
                 }
                 let want = m.bias[o] + ((s as u64 as u32 as i32) as f32) * m.scale[o];
                 assert_eq!(y1[t * outputs + o].to_bits(), want.to_bits());
+            }
+        }
+    }
+
+    /// The vector quantizers (AVX-512's pairs, AMX's byte planes) give `quantize_one`'s
+    /// integers on NaN, infinities, the clamp, ties and signed zeros, in rows whose features
+    /// are no multiple of 16; the sums over them too.
+    #[test]
+    fn vector_quantizing_matches_the_scalar_rule() {
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e9,
+            -1e9,
+            2.5,
+            -3.5,
+            0.5,
+            1.5,
+            -0.0,
+            1e-40,
+            32767.4,
+            -32767.6,
+        ];
+        let mut seed = 5;
+        for features in [16, 37, 70] {
+            let m = random_map(features, 40, &mut seed, true);
+            let rows = 19;
+            // the specials divided by the feature's scale, so that `x * scale` is the special
+            let x: Vec<f32> = (0..rows * features)
+                .map(|i| {
+                    let s = specials[(i * 7 + i / features) % specials.len()];
+                    if i % 3 == 0 {
+                        s / m.shift[i % features]
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            let q = m.quantize(&x, rows);
+            for t in 0..rows {
+                for j in 0..features {
+                    let got = (q[t * m.pairs + j / 2] >> (16 * (j % 2))) as i16;
+                    assert_eq!(got, quantize_one(x[t * features + j], m.shift[j]), "row {t}, feature {j}");
+                }
+            }
+            let mut want = vec![0i32; rows * m.padded];
+            portable(&q, rows, m.pairs, &m.packed, m.padded, &mut want);
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            if amx::available() {
+                let w = amx::Packed::new(features, m.padded, &m.packed);
+                let mut got = vec![0i32; rows * m.padded];
+                // SAFETY: `available()` returned true.
+                unsafe { amx::accumulate(&w, &x, &m.shift, rows, &mut got, m.padded) };
+                assert_eq!(got, want, "AMX, {features} features");
             }
         }
     }
