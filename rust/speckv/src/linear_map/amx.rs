@@ -1,5 +1,6 @@
 //! M1's sums with AMX's int8 tiles (Intel Sapphire Rapids and later, Linux): the same `acc`
-//! mod 2^32 as every other kernel, several times the throughput of `vpdpwssd`.
+//! mod 2^32 as every other kernel, 1.4-1.6x `vpdpwssd`'s throughput on an Intel Xeon
+//! (`examples/map_speed.rs`; what holds it there: `docs/benchmarks/restore-profile.md`).
 //!
 //! AMX multiplies bytes, not 16-bit words, so each i16 `v` is split exactly into a signed
 //! high byte and an unsigned low byte, `v = 256 h + l` (`h = v >> 8` in -128..=127,
@@ -15,16 +16,18 @@
 //! does, and reduction mod 2^32 is a ring map: the combination is `acc` mod 2^32 exactly,
 //! whatever order the tiles sum in.
 //!
-//! Tiles (palette 1, each 16 rows of 64 bytes): `tmm0..tmm2` the three accumulators of 16
-//! tokens x 16 outputs, `tmm3`/`tmm4` the features' high and low bytes (16 tokens x 64
-//! features), `tmm5`/`tmm6` the weights' (16 rows of 4 features x 16 outputs, AMX's B
-//! layout: row `r` holds, per output `n`, the bytes of features `4 r .. 4 r + 4`). The
-//! weights are laid out once per map (`Packed`), 1 KiB per block of 64 features x 16 outputs.
+//! Tiles (palette 1, each 16 rows of 64 bytes): `tmm0`, `tmm1`/`tmm7` and `tmm2` the
+//! accumulators of 16 tokens x 16 outputs (`C_hh`, `C_mid` as two tiles summed at the end, and
+//! `C_ll`), `tmm3`/`tmm4` the features' high and low bytes (16 tokens x 64 features),
+//! `tmm5`/`tmm6` the weights' (16 rows of 4 features x 16 outputs, AMX's B layout: row `r`
+//! holds, per output `n`, the bytes of features `4 r .. 4 r + 4`). The weights are laid out
+//! once per map (`Packed`), 1 KiB per block of 64 features x 16 outputs.
 //!
 //! Using AMX needs the kernel's permission (`arch_prctl(ARCH_REQ_XCOMP_PERM,
 //! XFEATURE_XTILEDATA)`, Linux 5.16 and later, once per process); without it the first tile
 //! instruction faults, so `available` asks for it before any kernel is picked and the maps
-//! keep `vpdpwssd` where it is refused.
+//! keep `vpdpwssd` where it is refused (Linux refuses it, for one, while a thread's
+//! alternate signal stack is too small for the tiles' state).
 
 use std::arch::asm;
 use std::sync::OnceLock;
