@@ -534,6 +534,20 @@ mod tests {
         LinearMap::new(features, outputs, &shift, &w, &bias, &scale).unwrap()
     }
 
+    /// `acc` of `m` on `x` with AMX's tiles, where this machine and process have them.
+    fn amx_sums(m: &LinearMap, x: &[f32], rows: usize) -> Option<Vec<i32>> {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if amx::available() {
+            let w = amx::Packed::new(m.features, m.padded, &m.packed);
+            let mut got = vec![0i32; rows * m.padded];
+            // SAFETY: `available()` returned true.
+            unsafe { amx::accumulate(&w, x, &m.shift, rows, &mut got, m.padded) };
+            return Some(got);
+        }
+        let _ = (m, x, rows);
+        None
+    }
+
     fn inputs(n: usize, seed: &mut u64) -> Vec<f32> {
         (0..n).map(|_| (lcg(seed) % 200_000) as f32 / 10_000.0 - 10.0).collect()
     }
@@ -569,12 +583,7 @@ mod tests {
                     assert_eq!(got, want, "{k:?} {rows}x{features}->{outputs}");
                 }
             }
-            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-            if amx::available() {
-                let w = amx::Packed::new(features, m.padded, &m.packed);
-                let mut got = vec![0i32; rows * m.padded];
-                // SAFETY: `available()` returned true.
-                unsafe { amx::accumulate(&w, &x, &m.shift, rows, &mut got, m.padded) };
+            if let Some(got) = amx_sums(&m, &x, rows) {
                 assert_eq!(got, want, "AMX {rows}x{features}->{outputs}");
             }
         }
@@ -654,12 +663,7 @@ mod tests {
             }
             let mut want = vec![0i32; rows * m.padded];
             portable(&q, rows, m.pairs, &m.packed, m.padded, &mut want);
-            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-            if amx::available() {
-                let w = amx::Packed::new(features, m.padded, &m.packed);
-                let mut got = vec![0i32; rows * m.padded];
-                // SAFETY: `available()` returned true.
-                unsafe { amx::accumulate(&w, &x, &m.shift, rows, &mut got, m.padded) };
+            if let Some(got) = amx_sums(&m, &x, rows) {
                 assert_eq!(got, want, "AMX, {features} features");
             }
         }
