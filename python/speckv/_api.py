@@ -407,6 +407,26 @@ def decode(
     return out
 
 
+def decode_many(items: list[tuple[Any, Any, Any, Joint | None]], threads: int | None = None) -> list[Any]:
+    """`decode` of several predicted streams in one call: ``items`` are ``(data, mu,
+    sigma_codes, joint)``, each stream decoded against its own prediction, the streams spread
+    over ``threads`` threads (one a thread at a time; the same words as `decode` of each).
+    Returns each as `decode` would, shaped like its ``mu`` (a torch tensor where ``mu`` is
+    one). Raises the first failing stream's error (`PredictionMismatchError`,
+    `CorruptStreamError`, ...)."""
+    args = []
+    for data, mu, codes, joint in items:
+        prediction = _prediction_arg(mu, None, codes, joint)
+        if prediction is None:
+            raise ValueError("decode_many: every stream needs its mu and sigma codes")
+        args.append((_stream_array(data), prediction))
+    out = []
+    for (words, dtype), (_, mu, _, _) in zip(_speckv.decode_many(args, threads=resolve_threads(threads)), items):
+        got = words.view(_arrays.numpy_dtype(dtype)).reshape(tuple(mu.shape))
+        out.append(_arrays.to_torch(got) if _arrays.is_torch(mu) else got)
+    return out
+
+
 def join_streams(streams: list[bytes]) -> bytes:
     """The stream `encode` writes for a tensor, from the streams of its consecutive slabs
     along the first dimension (at least two dimensions), coded alike (dtype, prediction or

@@ -361,3 +361,50 @@ def test_a_forked_child_codes_with_its_own_threads():
 
 def _encode_in_child(x: np.ndarray) -> bytes:
     return speckv.encode(x, threads=2, chunk_size=4096)
+
+
+@given(data=st.data())
+@settings(max_examples=40)
+def test_many_streams_decode_in_one_call_as_each_alone(data):
+    """``decode_many``: several predicted streams of other dtypes, shapes and models, each
+    against its own prediction, on any number of threads, give what ``decode`` gives each."""
+    from speckv import _api
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    items, want = [], []
+    for _ in range(data.draw(st.integers(0, 5))):
+        name = data.draw(st.sampled_from(["bfloat16", "float16", "float8_e4m3fn"]))
+        shape = data.draw(shapes.filter(lambda s: len(s) >= 1))
+        mu = rng.standard_normal(shape).astype(np.float32)
+        codes = speckv._speckv.sigma_codes(np.exp(rng.uniform(-8, 1, shape[-1])).astype(np.float32))
+        x = (mu + rng.standard_normal(shape).astype(np.float32)).astype(DTYPES[name][0])
+        model = data.draw(st.sampled_from(["exact", "bins"]))
+        stream = speckv.encode(x, mu, sigma_codes=codes, model=model, chunk_size=data.draw(chunk_sizes))
+        items.append((stream, mu, codes, None))
+        want.append(x)
+    got = _api.decode_many(items, threads=data.draw(thread_counts))
+    assert len(got) == len(want)
+    for g, x in zip(got, want):
+        assert g.shape == x.shape and same_bits(g, x)
+
+
+def test_decode_many_raises_the_failing_streams_typed_error():
+    from speckv import _api
+
+    rng = np.random.default_rng(3)
+    mu = rng.standard_normal((4, 64)).astype(np.float32)
+    codes = speckv._speckv.sigma_codes(np.full(64, 0.5, dtype=np.float32))
+    x = (mu + rng.standard_normal((4, 64)).astype(np.float32)).astype(ml_dtypes.bfloat16)
+    stream = speckv.encode(x, mu, sigma_codes=codes, model="bins")
+    good = (stream, mu, codes, None)
+    assert _api.decode_many([]) == []
+    with pytest.raises(speckv.PredictionMismatchError):
+        _api.decode_many([good, (stream, mu + 1, codes, None)], threads=2)
+    with pytest.raises(speckv.PredictionMismatchError):
+        _api.decode_many([(stream, mu[:2], codes, None)])  # another shape
+    damaged = bytearray(stream)
+    damaged[-3] ^= 0x10
+    with pytest.raises(speckv.CorruptStreamError):
+        _api.decode_many([good, (bytes(damaged), mu, codes, None)], threads=2)
+    with pytest.raises(ValueError):
+        _api.decode_many([(speckv.encode(x), mu, codes, None)])  # not predicted

@@ -105,6 +105,22 @@ def decode_stacked(
     the block's stream (``speckv.cut_stream``) and decoded against these layers' parameters
     alone. A jointly coded V reads its layers' K residuals in ``outside[b]``, which K's call
     leaves there."""
+    data, mu, codes, model = _stacked_job(plan, c, b, which, first, targets, outside)
+    got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
+    return _stacked_result(plan, got, mu, b, which, len(targets), outside)
+
+
+def _stacked_job(
+    plan: CodingPlan,
+    c: container.Container,
+    b: int,
+    which: int,
+    first: int,
+    targets: list[Target],
+    outside: dict[int, np.ndarray],
+) -> tuple[Any, torch.Tensor, Any, Any]:
+    """``decode_stacked``'s decode call before it is made: the stream's bytes, ``mu``, the
+    sigma codes and the joint model."""
     stop = first + len(targets)
     lo, hi = c.token_range(b)
     _, mu, codes = block_of(targets, lo, hi, plan.joint)
@@ -113,13 +129,24 @@ def decode_stacked(
         raise CorruptStreamError(
             f"cache container: block {b}'s stream does not hold layers {first}..{stop - 1} in whole chunks"
         )
-    model = None
-    if plan.joint:
-        model = plan.joint_model(which, hi - lo, outside.get(b), range(first, stop))
-    got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
+    model = plan.joint_model(which, hi - lo, outside.get(b), range(first, stop)) if plan.joint else None
+    return data, mu, codes, model
+
+
+def _stacked_result(
+    plan: CodingPlan,
+    got: torch.Tensor,
+    mu: torch.Tensor,
+    b: int,
+    which: int,
+    layers: int,
+    outside: dict[int, np.ndarray],
+) -> list[torch.Tensor]:
+    """``decode_stacked``'s tensors from its decode call's words (a jointly coded K leaves its
+    residuals in ``outside[b]``)."""
     if plan.joint:
         if which == 0:
-            outside[b] = _api.residuals(got, mu).reshape(len(targets), -1, hi - lo)
+            outside[b] = _api.residuals(got, mu).reshape(layers, -1, got.shape[-1])
         got = got.transpose(-1, -2)
     return list(got)
 
@@ -304,11 +331,16 @@ def decode_blocks_layerwise(
                 # one target over every block's tokens (per scalar: the same bits as each
                 # block's own), cut per block
                 whole = plan.target(layer, which, run.predict(layer, which))
+                targets = [cut_tokens(whole, lo, hi) for lo, hi in bounds]
+                jobs = [
+                    _stacked_job(plan, c, 0, which, layer, [t], outside[i]) for i, (c, t) in enumerate(zip(cs, targets))
+                ]
+                # every block's stream of this layer in one call, spread over the threads
+                words = _api.decode_many(jobs, threads)
                 values = []
-                for i, (c, (lo, hi)) in enumerate(zip(cs, bounds)):
-                    target = cut_tokens(whole, lo, hi)
-                    value = decode_stacked(plan, c, 0, which, layer, [target], outside[i], threads)[0]
-                    values.append(value.reshape(target.mu.shape))
+                for i, (t, got, job) in enumerate(zip(targets, words, jobs)):
+                    value = _stacked_result(plan, got, job[1], 0, which, 1, outside[i])[0]
+                    values.append(value.reshape(t.mu.shape))
                     out[i].setdefault(layer, []).append(values[-1])
                 run.observe(layer, which, plan.observed(layer, which, torch.cat(values, dim=2)))
     finally:

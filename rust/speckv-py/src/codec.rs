@@ -92,6 +92,90 @@ pub(crate) fn decode<'py>(
     Ok((words, header_dict(py, &header, stream.len())?))
 }
 
+/// One stream's decoded words, whichever their width.
+enum Decoded {
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+}
+
+/// Decodes several predicted streams in one call, each against its own prediction: `items`
+/// are `(data, prediction)` as `decode` takes them. The streams are decoded on `threads`
+/// threads, one stream a thread at a time (the same words as `decode` of each: a stream's
+/// bytes never depend on who decodes it). Returns each stream's flat words; its shape is its
+/// prediction's, its format the dtype named beside it. The first failing stream's error is raised (`PredictionMismatchError`,
+/// `CorruptStreamError`, ...). A walk over a prompt's blocks makes one call a layer instead of
+/// one a block: what each call costs besides its decode (the Python between, the threads'
+/// wake-up) is paid once.
+#[pyfunction]
+#[pyo3(signature = (items, threads=1))]
+pub(crate) fn decode_many<'py>(
+    py: Python<'py>,
+    items: Vec<(PyReadonlyArray1<'py, u8>, PredictionIn<'py>)>,
+    threads: usize,
+) -> PyResult<Vec<(Bound<'py, PyAny>, &'static str)>> {
+    let (datas, given): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+    let mut streams = Vec::with_capacity(datas.len());
+    let mut parts = Vec::with_capacity(datas.len());
+    for (data, prediction) in datas.iter().zip(given) {
+        let stream = data.as_slice().map_err(|_| PyValueError::new_err("data must be contiguous"))?;
+        let header = py.allow_threads(|| Header::parse(stream)).map_err(to_py)?;
+        if !header.predicted() {
+            return Err(PyValueError::new_err("decode_many: a stream is not predicted; use decode"));
+        }
+        streams.push((stream, header));
+        parts.push(PredictionIn::parts(Some(prediction))?);
+    }
+    let codes = parts
+        .iter()
+        .map(|(args, _)| args.as_ref().ok_or_else(|| PyValueError::new_err("decode_many: every stream needs mu")))
+        .map(|a| a.and_then(|a| a.codes(py)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let predictions = parts
+        .iter()
+        .zip(&codes)
+        .zip(&streams)
+        .map(|(((args, joint), codes), (_, header))| {
+            // `codes` was made above from the same `args`: both are there
+            let p = args.as_ref().map(|a| a.prediction(codes, &header.shape, mismatch_error)).transpose()?;
+            with_joint(p, joint)?.ok_or_else(|| PyValueError::new_err("decode_many: every stream needs mu"))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let decoded = py
+        .allow_threads(|| {
+            speckv::parallel::map_chunks(threads, streams.len(), |i| {
+                let (stream, header) = &streams[i];
+                let n = header.n_scalars as usize;
+                let p = Some(&predictions[i]);
+                macro_rules! run {
+                    ($t:ty, $variant:ident) => {{
+                        let mut words = vec![<$t>::default(); n];
+                        speckv::decode_parsed(stream, header, BitsMut::$variant(&mut words), p, 1, None)?;
+                        Decoded::$variant(words)
+                    }};
+                }
+                Ok(match header.dtype.bits() {
+                    8 => run!(u8, U8),
+                    16 => run!(u16, U16),
+                    _ => run!(u32, U32),
+                })
+            })
+        })
+        .map_err(to_py)?;
+    Ok(decoded
+        .into_iter()
+        .zip(&streams)
+        .map(|(d, (_, header))| {
+            let words = match d {
+                Decoded::U8(w) => PyArray1::from_vec(py, w).into_any(),
+                Decoded::U16(w) => PyArray1::from_vec(py, w).into_any(),
+                Decoded::U32(w) => PyArray1::from_vec(py, w).into_any(),
+            };
+            (words, header.dtype.name())
+        })
+        .collect())
+}
+
 /// Decodes a predictor-free stream into `out`, a writable, contiguous 1-D uint8 array of
 /// exactly the stream's bytes (a slot of a serving engine's host buffer): no output is
 /// allocated and nothing is copied after decoding. The stream's words are written in native

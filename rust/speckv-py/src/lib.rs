@@ -12,7 +12,7 @@ mod kernel_info;
 mod maps;
 mod params;
 
-use codec::{assemble_predicted, decode, decode_into, encode, ideal_bits, info};
+use codec::{assemble_predicted, decode, decode_into, decode_many, encode, ideal_bits, info};
 use container::{container_info, container_write, entry_checksum, stream_cut, stream_join};
 use errors::{ChecksumError, CorruptStreamError, PredictionMismatchError, SpeckvError, UnsupportedStreamError};
 use kernel_info::{cuda_sources, fast_lane_kernel, kernel_report, kernels};
@@ -25,6 +25,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode, m)?)?;
     m.add_function(wrap_pyfunction!(decode, m)?)?;
     m.add_function(wrap_pyfunction!(decode_into, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_many, m)?)?;
     m.add_function(wrap_pyfunction!(ideal_bits, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(sigma_codes, m)?)?;
