@@ -440,6 +440,45 @@ def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch, joi
         blocks.decode_blocks([datas[0], datas[2]], a[:, : 2 * BLOCK], 0, PrefixState())
 
 
+@pytest.mark.parametrize("joint", [True, False])
+def test_a_prompts_blocks_of_statistics_decode_in_one_call_a_layer_bit_for_bit(codec, monkeypatch, joint):
+    """``BlockCodec.decode_blocks`` with a whole-prompt predictor (per-channel statistics):
+    every block's K streams in one decode call, then its V streams (a jointly coded V reads
+    its own block's K residuals), each block bit for bit its own ``decode`` and its cache."""
+    from speckv import _api
+    from speckv.hf import BlockCodec, ChannelStatsPredictor
+
+    stats = SpeculativeCodec(codec.model, predictor=ChannelStatsPredictor(), joint=joint)
+    stats.calibrate([ids(64, s) for s in range(4)])
+    blocks = BlockCodec(stats, "bf16")
+    a, _ = shared_prompts()
+    kv = extract_kv(prefill(codec.model, a))
+    datas = [
+        blocks.encode([(k[:, :, lo : lo + BLOCK], v[:, :, lo : lo + BLOCK]) for k, v in kv], a[:, : lo + BLOCK], lo)
+        for lo in range(0, 4 * BLOCK, BLOCK)
+    ]
+    calls = []
+    many = _api.decode_many
+
+    def counted(items, threads=None):
+        calls.append(len(items))
+        return many(items, threads)
+
+    monkeypatch.setattr(_api, "decode_many", counted)
+    together = blocks.decode_blocks(datas, a, 0)
+    assert calls == [4, 4]  # the four blocks' K, then their V
+    monkeypatch.undo()
+    for b, data in enumerate(datas):
+        alone = blocks.decode(data, a[:, : (b + 1) * BLOCK], b * BLOCK)
+        for layer, ((k, v), (k2, v2)) in enumerate(zip(together[b], alone)):
+            assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
+            assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
+            want = kv[layer][0][:, :, b * BLOCK : (b + 1) * BLOCK].to(torch.bfloat16)
+            assert torch.equal(k.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(PredictionMismatchError):
+        blocks.decode_blocks([datas[0], datas[2]], a[:, : 2 * BLOCK], 0)
+
+
 def test_a_block_that_fails_to_decode_ends_the_prefix_there(codec, monkeypatch):
     """A block whose header passes and whose payload does not decode against the prediction
     (here: the maps made to predict otherwise from block 2 on) ends the restored prefix there:

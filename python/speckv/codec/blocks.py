@@ -14,8 +14,11 @@ stored it.
 mode, all coded with the joint model or none): each block's forward pass in
 turn, then each layer's maps once over every block's tokens (they are row by row, so each
 block gets its own walk's prediction bit for bit), each block's part decoded from its own
-container. A store restores a prompt of many blocks at about one container's cost instead of
-paying a walk's fixed costs per layer once per block (``benches/block_restore.py``).
+container. With a whole-prompt predictor (per-channel statistics, whose prediction reads no
+decoded layer) every block's K streams are decoded in one call, then every block's V streams
+(``decode_walk.decode_whole_blocks``). A store restores a prompt of many blocks at about one
+container's cost instead of paying a walk's or a decode's fixed costs once per block
+(``benches/block_restore.py``).
 
 >>> blocks = BlockCodec(codec, "bf16")                          # doctest: +SKIP
 >>> state = PrefixState()                                       # doctest: +SKIP
@@ -32,10 +35,10 @@ from .. import _api
 from .._speckv import CorruptStreamError
 from ..models.cache import KV
 from ..predictors.early_exit import ModelPrefixPredictor
-from ..predictors.layerwise import overlap_pays
+from ..predictors.layerwise import is_layerwise, overlap_pays
 from ..predictors.prefix_pass import PrefixState
 from .codec import SpeculativeCodec
-from .decode_walk import decode_blocks_layerwise
+from .decode_walk import decode_blocks_layerwise, decode_whole_blocks
 from .modes import MODES
 
 
@@ -121,6 +124,18 @@ class BlockCodec:
             and all(c.layout == "stacked" and len(c.blocks) == 1 and c.tokens == cs[0].tokens for c in cs)
             and len({(p.mode, p.joint) for p in plans}) == 1
         )
+        if (
+            len(cs) > 1
+            and not is_layerwise(predictor)
+            and all(c.layout == "stacked" and len(c.blocks) == 1 for c in cs)
+            and len({(p.mode, p.joint) for p in plans}) == 1
+        ):
+            # a whole-prompt predictor: every block's streams of K, then of V, in one call
+            ends = [start + sum(c.tokens for c in cs[: i + 1]) for i in range(len(cs))]
+            readings = [codec.params.reading(c, self.threads, layerwise=False) for c in cs]
+            predictions = [predictor.predict(input_ids[:, :end]) for end in ends]
+            layers = decode_whole_blocks(readings, cs, predictions)
+            return [[got[i] for i in range(c.layers)] for got, c in zip(layers, cs)]
         if not joined:
             out, at = [], start
             for data, c in zip(datas, cs):
