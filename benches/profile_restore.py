@@ -78,6 +78,7 @@ def instrumented(phases: Phases) -> Iterator[None]:
 
     patches = [
         (_api, "decode", "core decode (joint sums + coder)"),
+        (_api, "decode_many", "core decode (joint sums + coder)"),
         (_api, "residuals", "residuals (K for V)"),
         (plan.CodingPlan, "target", "coding params (mu, sigma codes)"),
         (plan.CodingPlan, "joint_model", "joint model arrays"),
@@ -111,20 +112,25 @@ def instrumented(phases: Phases) -> Iterator[None]:
 
 @contextlib.contextmanager
 def recorded_decodes(calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Iterator[None]:
-    """The extension's ``decode`` calls made inside, appended to ``calls``."""
+    """The extension's ``decode`` calls made inside, appended to ``calls``; each stream of a
+    ``decode_many`` call as a ``decode`` call of its own."""
     from speckv import _api
 
-    real = _api._speckv.decode
+    real, real_many = _api._speckv.decode, _api._speckv.decode_many
 
     def record(*args: Any, **kwargs: Any) -> Any:
         calls.append((args, kwargs))
         return real(*args, **kwargs)
 
-    _api._speckv.decode = record
+    def record_many(items: Any, threads: int = 1) -> Any:
+        calls.extend(((data, prediction), {"threads": threads}) for data, prediction in items)
+        return real_many(items, threads=threads)
+
+    _api._speckv.decode, _api._speckv.decode_many = record, record_many
     try:
         yield
     finally:
-        _api._speckv.decode = real
+        _api._speckv.decode, _api._speckv.decode_many = real, real_many
 
 
 def decode_per_core(calls: list[tuple[tuple[Any, ...], dict[str, Any]]], rounds: int) -> float:

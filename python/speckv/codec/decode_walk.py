@@ -273,7 +273,17 @@ def decode_layerwise(
             piece = decode_piece(plan, c, b, first, which, targets[0], outside, n)
             return [] if piece is None else [piece]
 
-        if plan.joint and len(c.blocks) > 1 and n > 1:
+        if stacked and len(c.blocks) > 1:
+            # every token block's stream in one call, spread over the threads (a jointly
+            # coded layer is one chunk, which one thread decodes; a block's values read only
+            # its own keys' residuals)
+            jobs = [_stacked_job(plan, c, b, which, first, targets, outside) for b in range(len(c.blocks))]
+            got = _api.decode_many(jobs, n)
+            blocks = [
+                _stacked_result(plan, words, job[1], b, which, len(targets), outside)
+                for b, (words, job) in enumerate(zip(got, jobs))
+            ]
+        elif plan.joint and len(c.blocks) > 1 and n > 1:
             # a jointly coded layer is one chunk, which one thread decodes: spread the
             # token blocks over the threads instead (a block's values read only its own
             # keys' residuals)

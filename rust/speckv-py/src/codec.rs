@@ -101,8 +101,9 @@ enum Decoded {
 
 /// Decodes several predicted streams in one call, each against its own prediction: `items`
 /// are `(data, prediction)` as `decode` takes them. The streams are decoded on `threads`
-/// threads, one stream a thread at a time (the same words as `decode` of each: a stream's
-/// bytes never depend on who decodes it). Returns each stream's flat words; its shape is its
+/// threads, one stream a thread at a time, each on its share of the threads where there are
+/// fewer streams (the same words as `decode` of each: a stream's words never depend on who
+/// decodes it). Returns each stream's flat words; its shape is its
 /// prediction's, its format the dtype named beside it. The first failing stream's error is raised (`PredictionMismatchError`,
 /// `CorruptStreamError`, ...). A walk over a prompt's blocks makes one call a layer instead of
 /// one a block: what each call costs besides its decode (the Python between, the threads'
@@ -114,6 +115,9 @@ pub(crate) fn decode_many<'py>(
     items: Vec<(PyReadonlyArray1<'py, u8>, PredictionIn<'py>)>,
     threads: usize,
 ) -> PyResult<Vec<(Bound<'py, PyAny>, &'static str)>> {
+    if threads == 0 {
+        return Err(SpeckvError::new_err("threads must be at least 1"));
+    }
     let (datas, given): (Vec<_>, Vec<_>) = items.into_iter().unzip();
     let mut streams = Vec::with_capacity(datas.len());
     let mut parts = Vec::with_capacity(datas.len());
@@ -141,16 +145,18 @@ pub(crate) fn decode_many<'py>(
             with_joint(p, joint)?.ok_or_else(|| PyValueError::new_err("decode_many: every stream needs mu"))
         })
         .collect::<PyResult<Vec<_>>>()?;
+    // fewer streams than threads: each stream's chunks on its share of them
+    let inner = (threads / streams.len().max(1)).max(1);
     let decoded = py
         .allow_threads(|| {
-            speckv::parallel::map_chunks(threads, streams.len(), |i| {
+            speckv::parallel::map_chunks(threads.min(streams.len()).max(1), streams.len(), |i| {
                 let (stream, header) = &streams[i];
                 let n = header.n_scalars as usize;
                 let p = Some(&predictions[i]);
                 macro_rules! run {
                     ($t:ty, $variant:ident) => {{
                         let mut words = vec![<$t>::default(); n];
-                        speckv::decode_parsed(stream, header, BitsMut::$variant(&mut words), p, 1, None)?;
+                        speckv::decode_parsed(stream, header, BitsMut::$variant(&mut words), p, inner, None)?;
                         Decoded::$variant(words)
                     }};
                 }
