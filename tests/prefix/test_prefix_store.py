@@ -446,6 +446,7 @@ def test_a_prompts_blocks_of_statistics_decode_in_one_call_a_layer_bit_for_bit(c
     every block's K streams in one decode call, then its V streams (a jointly coded V reads
     its own block's K residuals), each block bit for bit its own ``decode`` and its cache."""
     from speckv import _api
+    from speckv.codec import decode_walk
     from speckv.hf import BlockCodec, ChannelStatsPredictor
 
     stats = SpeculativeCodec(codec.model, predictor=ChannelStatsPredictor(), joint=joint)
@@ -467,6 +468,15 @@ def test_a_prompts_blocks_of_statistics_decode_in_one_call_a_layer_bit_for_bit(c
     monkeypatch.setattr(_api, "decode_many", counted)
     together = blocks.decode_blocks(datas, a, 0)
     assert calls == [4, 4]  # the four blocks' K, then their V
+    # a long prompt's blocks a group at a time (its targets bounded): the same words
+    monkeypatch.setattr(decode_walk, "WHOLE_BLOCKS_TOKENS", 2 * BLOCK)
+    calls.clear()
+    grouped = blocks.decode_blocks(datas, a, 0)
+    assert calls == [2, 2, 2, 2]
+    for b in range(4):
+        for (k, v), (k2, v2) in zip(together[b], grouped[b]):
+            assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
+            assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
     monkeypatch.undo()
     for b, data in enumerate(datas):
         alone = blocks.decode(data, a[:, : (b + 1) * BLOCK], b * BLOCK)

@@ -89,6 +89,12 @@ def _decode_parts(
                     parts[layer][which].append(piece)
 
 
+# ``decode_whole_blocks``: the most tokens whose blocks' targets are held at once (one of K or
+# V, every layer: ~35 MB for the demo model's 1,024 tokens), so a long prompt's restore holds
+# a few blocks' worth, not the prompt's
+WHOLE_BLOCKS_TOKENS = 1024
+
+
 def decode_whole_blocks(
     plans: list[CodingPlan],
     cs: list[container.Container],
@@ -96,31 +102,33 @@ def decode_whole_blocks(
 ) -> list[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """Consecutive token blocks of one prompt, each its own stacked container of one token
     block, each against its whole-prompt predictor's prediction (``predictions[i]``: the
-    prompt up to block ``i``'s end) and its plan: every layer of every block, its K streams
-    in one decode call (``_api.decode_many``, spread over the threads), then its V streams (a
-    jointly coded V reads its own block's K residuals). The same words as ``decode_whole`` of
-    each block: the same targets, each stream decoded whole."""
+    prompt up to block ``i``'s end) and its plan: every layer of every block, a group of
+    blocks (``WHOLE_BLOCKS_TOKENS``) at a time, the group's K streams in one decode call
+    (``_api.decode_many``, spread over the threads), then its V streams (a jointly coded V
+    reads its own block's K residuals). The same words as ``decode_whole`` of each block: the
+    same targets, each stream decoded whole."""
     outside: list[dict[int, np.ndarray]] = [{} for _ in cs]
     out: list[dict[int, list[torch.Tensor]]] = [{} for _ in cs]
+    groups: list[list[int]] = []
+    for i, c in enumerate(cs):
+        if not groups or sum(cs[j].tokens for j in groups[-1]) + c.tokens > WHOLE_BLOCKS_TOKENS:
+            groups.append([])
+        groups[-1].append(i)
     with fixed_threads(1):  # as ``decode_whole``: torch's workers off the coder's cores
-        targets = [
-            [
-                [
-                    plan.target(layer, which, last_tokens(pred[layer][which], c.held(layer), layer))
-                    for layer in range(c.layers)
-                ]
-                for which in (0, 1)
-            ]
-            for plan, c, pred in zip(plans, cs, predictions)
-        ]
-        for which in (0, 1):
-            jobs = [
-                _stacked_job(plan, c, 0, which, 0, t[which], outside[i])
-                for i, (plan, c, t) in enumerate(zip(plans, cs, targets))
-            ]
-            for i, (plan, c, got, job) in enumerate(zip(plans, cs, _api.decode_many(jobs, plans[0].threads), jobs)):
-                for layer, piece in enumerate(_stacked_result(plan, got, job[1], 0, which, c.layers, outside[i])):
-                    out[i].setdefault(layer, []).append(piece)
+        for group in groups:
+            for which in (0, 1):
+                jobs = []
+                for i in group:
+                    plan, c, pred = plans[i], cs[i], predictions[i]
+                    targets = [
+                        plan.target(layer, which, last_tokens(pred[layer][which], c.held(layer), layer))
+                        for layer in range(c.layers)
+                    ]
+                    jobs.append(_stacked_job(plan, c, 0, which, 0, targets, outside[i]))
+                for i, got, job in zip(group, _api.decode_many(jobs, plans[0].threads), jobs):
+                    pieces = _stacked_result(plans[i], got, job[1], 0, which, cs[i].layers, outside[i])
+                    for layer, piece in enumerate(pieces):
+                        out[i].setdefault(layer, []).append(piece)
     return [{layer: (kv[0], kv[1]) for layer, kv in blocks.items()} for blocks in out]
 
 
