@@ -70,9 +70,12 @@ def _decode_parts(
             stop = min(first + span, c.layers)
             targets = [[target(layer, which) for layer in range(first, stop)] for which in (0, 1)]
             outside: dict[int, np.ndarray] = {}
-            for b in range(len(c.blocks)):
-                for which in (0, 1):
-                    got = decode_stacked(plan, c, b, which, first, targets[which], outside, n)
+            for which in (0, 1):
+                # every token block's stream of these layers in one call (a jointly coded V
+                # reads its own block's K residuals, which K's call left in ``outside``)
+                calls = [_stacked_job(plan, c, b, which, first, targets[which], outside) for b in range(len(c.blocks))]
+                for b, (words, job) in enumerate(zip(_api.decode_many(calls, n), calls)):
+                    got = _stacked_result(plan, words, job[1], b, which, stop - first, outside)
                     for layer, piece in zip(range(first, stop), got):
                         if layer in parts:
                             parts[layer][which].append(piece)
