@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
+from speckv.cli.predictor_spec import make_predictor
 from speckv.hf import (
-    ChannelStatsPredictor,
-    ModelPrefixPredictor,
     PrefixStore,
     SpeculativeCodec,
     bundled_text,
@@ -60,17 +59,12 @@ def main() -> None:
     model, tokenizer = load_demo_model()
     calibration = prompts(tokenizer, bundled_text("calibration"), 512, 8)
     (ids,) = prompts(tokenizer, bundled_text("evaluation"), args.tokens, 1)
-    makers = {
-        "default": lambda: ModelPrefixPredictor(model),
-        "map": lambda: ModelPrefixPredictor(model, layers=1),
-        "stats": lambda: ChannelStatsPredictor(),
-    }
     cache = prefill(model, ids)
     prefill_s = best(lambda: prefill(model, ids), args.repeat)
     print(f"{line()}\ndemo model, {args.tokens} tokens; prefill {prefill_s * 1e3:.0f} ms (best of {args.repeat})")
     out: dict[str, Any] = {**describe(), "tokens": args.tokens, "prefill_s": prefill_s, "predictors": {}}
     for name in args.predictors.split(","):
-        codec = SpeculativeCodec(model, predictor=makers[name]())
+        codec = SpeculativeCodec(model, predictor=make_predictor("prefix" if name == "default" else name, model))
         codec.calibrate(calibration)
         data = codec.compress(cache, ids)
         whole = best(lambda: codec.decompress(data, ids), args.repeat)  # noqa: B023

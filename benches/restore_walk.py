@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
+from speckv.cli.predictor_spec import make_predictor
 from speckv.hf import (
-    ChannelStatsPredictor,
-    ModelPrefixPredictor,
     SpeculativeCodec,
     bundled_text,
     load_demo_model,
@@ -80,16 +79,11 @@ def main() -> None:
     model, tokenizer = load_demo_model()
     calibration = prompts(tokenizer, bundled_text("calibration"), 128, 4)
     (ids,) = prompts(tokenizer, bundled_text("evaluation"), args.tokens, 1)
-    makers = {
-        "default": lambda: ModelPrefixPredictor(model),
-        "map": lambda: ModelPrefixPredictor(model, layers=1),
-        "stats": lambda: ChannelStatsPredictor(),
-    }
     layers = model.config.num_hidden_layers
     cache = prefill(model, ids)
     out: dict[str, Any] = {}
     for name in args.predictors.split(","):
-        codec = SpeculativeCodec(model, predictor=makers[name]())
+        codec = SpeculativeCodec(model, predictor=make_predictor("prefix" if name == "default" else name, model))
         codec.calibrate(calibration)
         data = codec.compress(cache, ids, threads=1)
         codec.decompress(data, ids, threads=1)  # warm: lazily built tables and imports
