@@ -45,6 +45,38 @@ def test_round_trip_is_exact_and_paths_agree(prefix_codec, mode, producer):
     assert codec.compress(cache, prompt, mode, threads=1) == data
 
 
+@pytest.mark.parametrize("joint", [False, True])
+def test_a_restore_split_into_token_walks_is_the_one_walk_bit_for_bit(prefix_codec, monkeypatch, joint):
+    """``decode_walk.split_walk``: past the model's prefix, the maps' layers walked as
+    groups of token blocks side by side (one a thread) give the one walk's words, for any
+    number of threads and blocks, jointly coded values too; with one thread it does not
+    split."""
+    from speckv.codec import decode_walk
+
+    model, codec = prefix_codec
+    coder = SpeculativeCodec(model, codec.calibration, codec.predictor, joint=joint)
+    prompt = ids(40, 5)
+    cache = other_kernels(model, prompt)
+    data = coder.compress(cache, prompt, "bf16", block_size=16)  # blocks of 16, 16 and 8
+    splits = []
+    real = decode_walk.split_walk
+
+    def spy(plan, run, pieces, layers, threads):
+        got = real(plan, run, pieces, layers, threads)
+        splits.append((len(pieces), threads, got is not None))
+        return got
+
+    monkeypatch.setattr(decode_walk, "split_walk", spy)
+    walks = {t: extract_kv(coder.decompress(data, prompt, dequantize=False, threads=t)) for t in (1, 2, 3)}
+    maps = codec.predictor.layers < model.config.num_hidden_layers  # else the prefix is all
+    assert splits == ([(3, 1, False), (3, 2, True), (3, 3, True)] if maps else [])
+    monkeypatch.setattr(decode_walk, "split_walk", lambda *args: None)
+    one = extract_kv(coder.decompress(data, prompt, dequantize=False, threads=2))
+    assert_same(coder, "bf16", cache, one)
+    for got in walks.values():
+        assert_same(coder, "bf16", cache, got)
+
+
 def test_prefix_layers_are_the_models_own(prefix_codec):
     """Under the model's own kernels, the layers the predictor runs are the cache, bit for bit,
     and cost next to nothing."""

@@ -403,11 +403,12 @@ def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch, joi
     forward pass in turn, each layer's maps once over every block's tokens) are each block's
     own decode, bit for bit, for blocks coded one by one, with the joint model too (each
     block's values read its own keys' residuals); the store restores through it."""
+    from speckv.codec import decode_walk
     from speckv.hf import BlockCodec, PrefixState
 
     coder = SpeculativeCodec(codec.model, codec.calibration, codec.predictor, joint=joint)
     assert bool(coder.params.plan("bf16", joint=joint, threads=1).joint_layers) == joint
-    blocks = BlockCodec(coder, "bf16")
+    blocks = BlockCodec(coder, "bf16", threads=2)
     a, _ = shared_prompts()
     kv = extract_kv(prefill(codec.model, a))
     datas, state = [], PrefixState()
@@ -422,8 +423,19 @@ def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch, joi
         return start(block_ids, state, block)
 
     monkeypatch.setattr(codec.predictor, "start", walk)
+    splits = []
+    real = decode_walk.split_walk
+
+    def spy(plan, run, pieces, layers, threads):
+        got = real(plan, run, pieces, layers, threads)
+        splits.append((len(pieces), threads, got is not None))
+        return got
+
+    monkeypatch.setattr(decode_walk, "split_walk", spy)
     together = blocks.decode_blocks(datas, a, 0, PrefixState())
     assert walks == [(4 * BLOCK, BLOCK)]  # one walk over the four blocks
+    # past the model's prefix, the maps' layers walked as two token walks side by side
+    assert splits == [(4, 2, True)]
     monkeypatch.undo()
     one_state = PrefixState()
     for b, data in enumerate(datas):

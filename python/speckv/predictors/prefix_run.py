@@ -118,7 +118,12 @@ class _PrefixRun:
                 if which == 1:  # the walk takes K, then V: the layer is done with
                     del self.made[layer]
             return made[which].float()
-        # Maps touch torch's thread count: only once the forward pass has ended.
+        ropes, shape = self._maps_ready()
+        return self.p.map_predict(layer, which, self.observed, ropes, shape, self.scratch, self.features, self.threads)
+
+    def _maps_ready(self) -> tuple[Ropes, tuple[int, ...]]:
+        """The forward pass ended (maps touch torch's thread count: only once it has), the
+        RoPE tables and the hidden state in place: what the maps read besides the layers."""
         self.wait()
         if self.error is not None and not isinstance(self.error, _Stop):
             raise RuntimeError("the model's prefix failed") from self.error
@@ -130,20 +135,24 @@ class _PrefixRun:
                 if self.hidden is None:
                     raise RuntimeError("the model's prefix produced no hidden state")
                 self.observed[HIDDEN] = self.hidden
-        return self.p.map_predict(
-            layer, which, self.observed, self.ropes, self.shape, self.scratch, self.features, self.threads
-        )
+        return self.ropes, self.shape
 
     def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
-        # kept only while a map still reads it (the next layers' maps, fallback maps further
-        # down): a walk holds a few layers, not the cache
-        if self.last_reader.get((layer, which), -1) >= layer:
-            self.observed[layer, which] = value
-            self.features.pop((layer, which), None)
-        if which == 1:
-            for old in [key for key in self.observed if self.last_reader[key] <= layer]:
-                del self.observed[old]
-                self.features.pop(old, None)
+        _keep(self.observed, self.features, self.last_reader, layer, which, value)
+
+    def split(self, bounds: list[tuple[int, int]], threads: int) -> list[TokenRun] | None:
+        """The rest of the walk (every layer from ``independent_layers`` on: the maps) as
+        walks over the token ranges ``bounds`` (``[(start, stop), ...]`` of the prompt's
+        positions), each summing its maps on ``threads`` threads; None where the maps are not
+        row by row (a model with sliding windows: a row's fallback depends on which tokens a
+        layer holds), or once a map has run. Each walk's predictions are the rows of the
+        whole walk's, bit for bit (the maps sum each token's features alone, the RoPE tables
+        are the whole walk's, sliced), so the walks can run side by side: one per core, each
+        one's Python between its core calls overlapping the others' (measured: ``TokenRun``)."""
+        if self.p._windowed() or self.scratch or self.features:
+            return None
+        ropes, shape = self._maps_ready()
+        return [TokenRun(self, ropes, shape, lo, hi, threads) for lo, hi in bounds]
 
     def wait(self) -> None:
         """Returns once the forward pass has ended (and restored torch's thread count): run
@@ -157,3 +166,53 @@ class _PrefixRun:
         # the pass runs once whatever the walk asked for: a prompt's next block continues
         # the state it leaves (``PrefixState``)
         self.wait()
+
+
+class TokenRun:
+    """Tokens ``lo:hi`` of a ``_PrefixRun``'s walk past its forward pass (``_PrefixRun.split``):
+    the maps of those rows on ``threads`` threads, the observed layers' rows kept while a map
+    reads them. Why: a restore's walk is one chain of small steps (a layer's maps, its
+    decode, the Python and torch work between them) of which only the core calls use both
+    cores; two walks over halves of the tokens, side by side, keep both busy (the core
+    releases the GIL; so do torch's operations)."""
+
+    def __init__(self, run: _PrefixRun, ropes: Ropes, shape: tuple[int, ...], lo: int, hi: int, threads: int) -> None:
+        if not 0 <= lo < hi <= shape[2]:
+            raise ValueError(f"token run: tokens {lo}:{hi} of a walk over {shape[2]}")
+        self.p = run.p
+        self.shape = (shape[0], shape[1], hi - lo, *shape[3:])
+        self.observed = {key: t[:, :, lo:hi] for key, t in run.observed.items()}
+        self.ropes = ropes.tokens(lo, hi)
+        self.last_reader = run.last_reader
+        self.scratch: dict[int, torch.Tensor] = {}
+        self.features: dict[tuple[int, int], torch.Tensor] = {}
+        self.threads = threads
+
+    def predict(self, layer: int, which: int) -> torch.Tensor:
+        return self.p.map_predict(
+            layer, which, self.observed, self.ropes, self.shape, self.scratch, self.features, self.threads
+        )
+
+    def observe(self, layer: int, which: int, value: torch.Tensor) -> None:
+        _keep(self.observed, self.features, self.last_reader, layer, which, value)
+
+
+def _keep(
+    observed: dict[tuple[int, int], torch.Tensor],
+    features: dict[tuple[int, int], torch.Tensor],
+    last_reader: dict[tuple[int, int], int],
+    layer: int,
+    which: int,
+    value: torch.Tensor,
+) -> None:
+    """A walk's observed layers after ``value`` (layer ``layer``'s K or V) was decoded: kept
+    only while a map still reads it (the next layers' maps, fallback maps further down), so a
+    walk holds a few layers, not the cache; each one's features (``map_sources._features``)
+    dropped with it."""
+    if last_reader.get((layer, which), -1) >= layer:
+        observed[layer, which] = value
+        features.pop((layer, which), None)
+    if which == 1:
+        for old in [key for key in observed if last_reader[key] <= layer]:
+            del observed[old]
+            features.pop(old, None)

@@ -64,6 +64,15 @@ class Rope:
             return self.cos, self.sin
         return self.cos[:, :, -n:], self.sin[:, :, -n:]
 
+    def tokens(self, lo: int, hi: int) -> Rope:
+        """This rotation over positions ``lo:hi`` of its own (the same tables, sliced: the
+        same bits)."""
+        part = Rope.__new__(Rope)
+        part.exact = self.exact
+        part.cos = None if self.cos is None else self.cos[:, :, lo:hi].contiguous()
+        part.sin = None if self.sin is None else self.sin[:, :, lo:hi].contiguous()
+        return part
+
     def unrope(self, k: torch.Tensor) -> torch.Tensor:
         if self.cos is None or self.sin is None:
             return k
@@ -137,13 +146,27 @@ class Ropes:
     """Each layer's ``Rope`` (one per layer type, made on first use) over ``seq`` positions
     from ``start``."""
 
-    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0) -> None:
+    def __init__(self, model: Any, seq: int, head_dim: int, start: int = 0, types: list[str] | None = None) -> None:
         self.model, self.seq, self.head_dim, self.start = model, seq, head_dim, start
-        self.types = layer_types(text_config(model))
+        self.types = layer_types(text_config(model)) if types is None else types
         self._made: dict[str, Rope] = {}
+        # ``tokens``: the Ropes whose tables these slice, and the positions
+        self._whole: Ropes | None = None
+        self._span: tuple[int, int] | None = None
 
     def of(self, layer: int) -> Rope:
         kind = self.types[layer] if layer < len(self.types) else "full_attention"
         if kind not in self._made:
-            self._made[kind] = Rope(self.model, self.seq, self.head_dim, self.start, kind)
+            made = self._whole.of(layer) if self._whole is not None else None
+            if made is not None and self._span is not None:
+                self._made[kind] = made.tokens(*self._span)
+            else:
+                self._made[kind] = Rope(self.model, self.seq, self.head_dim, self.start, kind)
         return self._made[kind]
+
+    def tokens(self, lo: int, hi: int) -> Ropes:
+        """These rotations over positions ``lo:hi`` of their own: each layer type's tables
+        the whole range's, sliced (``Rope.tokens``; the same bits)."""
+        part = Ropes(self.model, hi - lo, self.head_dim, self.start + lo, types=self.types)
+        part._whole, part._span = self, (lo, hi)
+        return part
