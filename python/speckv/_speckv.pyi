@@ -93,6 +93,22 @@ class LinearMap:
     @property
     def outputs(self) -> int: ...
     def apply(self, x: npt.NDArray[np.float32], rows: int, threads: int = 1) -> npt.NDArray[np.float32]: ...
+    def apply_sources(
+        self,
+        sources: list[
+            tuple[
+                npt.NDArray[np.float32],
+                int,
+                int,
+                int,
+                npt.NDArray[np.float32] | None,
+                npt.NDArray[np.float32] | None,
+            ]
+        ],
+        batch: int,
+        rows: int,
+        threads: int = 1,
+    ) -> npt.NDArray[np.float32]: ...
 
 def container_write(
     layout: tuple[bool, int, int, int, list[int] | None], metadata: bytes, streams: list[bytes]

@@ -225,6 +225,42 @@ def test_rope_inverts():
     assert not torch.allclose(rope.unrope(k)[:, :, 5], k[:, :, 5])
 
 
+def test_maps_on_their_sources_are_the_maps_on_torch_built_features():
+    """``map_sources.apply_to_sources`` (the core gathers the features, undoing each K's
+    RoPE itself) gives ``apply_map`` of the torch-built features bit for bit: keys and values,
+    sources holding fewer or more tokens than the rows, two batch entries, infinities, the
+    hidden-state source; and the RoPE tables of a range of positions are the whole range's."""
+    from speckv.predictors.linear_map import apply_map, integer_map
+    from speckv.predictors.map_sources import HIDDEN, _features, apply_to_sources
+    from speckv.predictors.rope import Ropes
+
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(3)
+    ropes = Ropes(model, 24, 16)
+    observed = {
+        (0, 0): torch.randn(2, 2, 24, 16, generator=g) * 30,
+        (0, 1): torch.randn(2, 2, 20, 16, generator=g),
+        (1, 0): torch.randn(2, 2, 24, 16, generator=g),
+        HIDDEN: torch.randn(2, 1, 24, 64, generator=g),
+    }
+    observed[0, 0][0, 1, 3, 2] = float("inf")
+    observed[1, 0][1, 0, 7, 9] = float("nan")
+    sources = [(0, 0), (0, 1), HIDDEN, (1, 0)]
+    features = 2 * 16 * 3 + 64
+    shift = torch.full((features,), 6, dtype=torch.int32)
+    m = integer_map(torch.randn(features, 40, generator=g) * 0.02, torch.randn(40, generator=g), shift)
+    for rows in (24, 22):
+        want = apply_map(m, _features(observed, sources, ropes, rows), 1)
+        for threads in (1, 2):
+            got = apply_to_sources(m, observed, sources, ropes, rows, threads)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (rows, threads)
+    # a token walk's tables are the whole walk's rows
+    part = ropes.tokens(8, 20).of(0)
+    assert torch.equal(part.cos, ropes.of(0).cos[:, :, 8:20]) and torch.equal(part.sin, ropes.of(0).sin[:, :, 8:20])
+    k = observed[1, 0][:, :, 8:20]
+    assert torch.equal(part.unrope(k), ropes.of(0).unrope(observed[1, 0])[:, :, 8:20])
+
+
 def test_ridge_recovers_a_linear_map():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(6, 3, generator=g)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +20,9 @@ from ..predictors.base import fixed_threads
 from ..predictors.layerwise import overlap_pays
 from .block_layout import join, parallel, per_layer_batch
 from .plan import CodingPlan
-from .target import Target, block_of, channel_major, cut_tokens
+from .stacked import _stacked_job, _stacked_result
+from .target import Target, channel_major, cut_tokens
+from .token_walks import _Piece, split_walk
 
 # per layer: its K's and V's decoded pieces (one per block)
 Parts = dict[int, list[list[torch.Tensor]]]
@@ -154,48 +156,6 @@ def decode_stacked(
     data, mu, codes, model = _stacked_job(plan, c, b, which, first, targets, outside)
     got = _api.decode(data, mu, sigma_codes=codes, threads=threads, joint=model)
     return _stacked_result(plan, got, mu, b, which, len(targets), outside)
-
-
-def _stacked_job(
-    plan: CodingPlan,
-    c: container.Container,
-    b: int,
-    which: int,
-    first: int,
-    targets: list[Target],
-    outside: dict[int, np.ndarray],
-    offset: int = 0,
-) -> tuple[Any, torch.Tensor, Any, Any]:
-    """``decode_stacked``'s decode call before it is made: the stream's bytes, ``mu``, the
-    sigma codes and the joint model (``offset``: the targets' first token, in the prompt)."""
-    stop = first + len(targets)
-    lo, hi = c.token_range(b)
-    _, mu, codes = block_of(targets, lo - offset, hi - offset, plan.joint)
-    data, shape = c.layers_of(b, first, stop, which)
-    if shape != list(mu.shape):
-        raise CorruptStreamError(
-            f"cache container: block {b}'s stream does not hold layers {first}..{stop - 1} in whole chunks"
-        )
-    model = plan.joint_model(which, hi - lo, outside.get(b), range(first, stop)) if plan.joint else None
-    return data, mu, codes, model
-
-
-def _stacked_result(
-    plan: CodingPlan,
-    got: torch.Tensor,
-    mu: torch.Tensor,
-    b: int,
-    which: int,
-    layers: int,
-    outside: dict[int, np.ndarray],
-) -> list[torch.Tensor]:
-    """``decode_stacked``'s tensors from its decode call's words (a jointly coded K leaves its
-    residuals in ``outside[b]``)."""
-    if plan.joint:
-        if which == 0:
-            outside[b] = _api.residuals(got, mu).reshape(layers, -1, got.shape[-1])
-        got = got.transpose(-1, -2)
-    return list(got)
 
 
 def _decode_layer(
@@ -418,74 +378,6 @@ def decode_blocks_layerwise(
         quiet.close()
         run.close()
     return [{layer: (kv[0], kv[1]) for layer, kv in blocks.items()} for blocks in out]
-
-
-class _Piece(NamedTuple):
-    """One token block of a layer-wise walk's stacked container(s): the container, the
-    block, where its jointly coded V finds its K's residuals (keyed by ``block``), and the
-    prompt position its container's tokens start at (a container per block of a prompt)."""
-
-    c: container.Container
-    block: int
-    outside: dict[int, np.ndarray]
-    start: int = 0
-
-    def tokens(self) -> tuple[int, int]:
-        lo, hi = self.c.token_range(self.block)
-        return self.start + lo, self.start + hi
-
-
-def split_walk(
-    plan: CodingPlan, run: Any, pieces: list[_Piece], layers: range, threads: int
-) -> list[dict[int, list[torch.Tensor]]] | None:
-    """A layer-wise walk's ``layers`` (its maps, from ``run.independent_layers`` on) as walks
-    over groups of consecutive ``pieces``, side by side, one per thread
-    (``_PrefixRun.split``): each predicts its tokens' rows, decodes its pieces' streams and
-    observes them. Per piece, its layers' ``[K, V]``: the same words as one walk over every
-    token (each row's prediction is the same bits, and each piece's stream is checked
-    against it). None where the walk does not split (one thread, one piece, a run whose maps
-    are not row by row): the caller walks on as one.
-
-    Measured on an Intel Xeon with AMX, 2 cores, the demo model's 512-token restore with the
-    ``map`` predictor (``benches/profile_restore.py``): see ``docs/restore-profile.md``."""
-    groups = min(threads, len(pieces))
-    split = getattr(run, "split", None)
-    if groups < 2 or not callable(split) or not layers:
-        return None
-    if any(p.c.held(layer) != p.c.tokens for p in pieces for layer in layers):
-        return None  # a layer holding the last tokens only: its rows are not the walk's
-    total = sum(hi - lo for lo, hi in (p.tokens() for p in pieces))
-    bounds: list[list[_Piece]] = [[]]
-    seen = 0
-    for p in pieces:  # consecutive pieces, about as many tokens a group
-        lo, hi = p.tokens()
-        if bounds[-1] and seen >= total * len(bounds) / groups:
-            bounds.append([])
-        bounds[-1].append(p)
-        seen += hi - lo
-    spans = [(g[0].tokens()[0], g[-1].tokens()[1]) for g in bounds]
-    runs = split(spans, max(1, threads // len(bounds)))
-    if runs is None:
-        return None
-
-    def walk(work: tuple[Any, list[_Piece], int]) -> list[dict[int, list[torch.Tensor]]]:
-        sub, group, first = work
-        got: list[dict[int, list[torch.Tensor]]] = [{} for _ in group]
-        for layer in layers:
-            for which in (0, 1):
-                target = plan.target(layer, which, sub.predict(layer, which))
-                jobs = [
-                    _stacked_job(plan, p.c, p.block, which, layer, [target], p.outside, first - p.start) for p in group
-                ]
-                values = []
-                for i, (p, words, job) in enumerate(zip(group, _api.decode_many(jobs, sub.threads), jobs)):
-                    values.append(_stacked_result(plan, words, job[1], p.block, which, 1, p.outside)[0])
-                    got[i].setdefault(layer, []).append(values[-1])
-                sub.observe(layer, which, plan.observed(layer, which, join(values)))
-        return got
-
-    done = parallel(walk, [(sub, g, lo) for sub, g, (lo, _) in zip(runs, bounds, spans)], len(bounds))
-    return [per_piece for group in done for per_piece in group]
 
 
 @contextlib.contextmanager

@@ -47,7 +47,17 @@ from .base import decoder_layers
 from .cost import default_prefix_layers as counted
 from .linear_map import MAP_FEATURE_RANGE, MAP_THREADS, apply_map, first_rows, integer_map
 from .map_fit import fit_maps
-from .map_sources import HISTORY, Observed, _fallback_sources, _features, _hidden_source, _missing, _sources, _untokens
+from .map_sources import (
+    HISTORY,
+    Observed,
+    _fallback_sources,
+    _features,
+    _hidden_source,
+    _missing,
+    _sources,
+    _untokens,
+    apply_to_sources,
+)
 from .prefix_pass import PrefixState, run_prefix
 from .prefix_run import _PrefixRun
 from .rope import Ropes
@@ -248,8 +258,9 @@ class ModelPrefixPredictor:
         """The map's prediction of (layer, which) from the observed tensors, at every position
         of ``shape`` (``[batch, heads, positions, dim]``; a layer holding fewer keeps the last
         ones). K's turn leaves V's partial sum in ``scratch``; ``features``: the walk's sources
-        made float32 and laid out by token (``_features``); ``threads``: the core's threads the
-        integer sums may take. The products are the core's
+        made float32 and laid out by token (``_features``) for the fallback maps (the maps
+        themselves read the observed tensors, ``apply_to_sources``); ``threads``: the core's
+        threads the integer sums may take. The products are the core's
         integer sums (``integer_map``): the same bits on every machine, and ~2x torch's bf16
         products on one core; their rounding (16-bit features and weights) is far below the
         maps' own error."""
@@ -257,14 +268,14 @@ class ModelPrefixPredictor:
         with torch.no_grad():
             both, own = self._joint(layer)
             if which == 0 or layer not in scratch:
-                y = apply_map(both, _features(observed, self._sources(layer, 0), ropes, rows, features), threads)
+                y = apply_to_sources(both, observed, self._sources(layer, 0), ropes, rows, threads)
                 scratch[layer] = y[:, width:]
                 if which == 0:
                     k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width], features, threads)
                     return ropes.of(layer).rope(_untokens(k, shape))
             partial = scratch.pop(layer)
             # one correctly rounded addition per scalar: the same bits everywhere
-            y = partial + apply_map(own, _features(observed, [(layer, 0)], ropes, rows, features), threads)
+            y = partial + apply_to_sources(own, observed, [(layer, 0)], ropes, rows, threads)
             return _untokens(self._fallback_predict(layer, 1, observed, ropes, shape, y, features, threads), shape)
 
     def _fallback_predict(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _speckv
 from .rope import Ropes
 
 HISTORY = 2
@@ -105,6 +106,26 @@ def _features(
         b = next(iter(observed.values())).shape[0] if observed else 1
         return torch.zeros(b * rows, 0)
     return torch.cat(cols, dim=1)
+
+
+def apply_to_sources(
+    m: _speckv.LinearMap, observed: Observed, sources: list[tuple[int, int]], ropes: Ropes, rows: int, threads: int
+) -> torch.Tensor:
+    """``apply_map(m, _features(observed, sources, ropes, rows), threads)``, the features
+    gathered by the core from the observed tensors themselves (``LinearMap.apply_sources``:
+    each K's rotation undone there in the same float32 steps, invariant R1, so the same bits)
+    instead of a float copy of them made here first: the walk's torch work per map was most
+    of what it spent outside the core."""
+    args = []
+    batch = 1
+    for src, w in sources:
+        t = observed[src, w].float().contiguous()
+        batch, heads, n, dim = t.shape
+        tables = ropes.of(src).tables(n) if w == 0 else None
+        cos, sin = tables if tables is not None else (None, None)
+        args.append((t.reshape(-1).numpy(), heads, n, dim, cos, sin))
+    y = m.apply_sources(args, batch, rows, threads)
+    return torch.from_numpy(y).reshape(batch * rows, m.outputs)
 
 
 def _missing(observed: Observed, sources: list[tuple[int, int]], rows: int) -> int:

@@ -181,7 +181,8 @@ class TokenRun:
             raise ValueError(f"token run: tokens {lo}:{hi} of a walk over {shape[2]}")
         self.p = run.p
         self.shape = (shape[0], shape[1], hi - lo, *shape[3:])
-        self.observed = {key: t[:, :, lo:hi] for key, t in run.observed.items()}
+        # copies: the maps read each one several times, whole
+        self.observed = {key: t[:, :, lo:hi].contiguous() for key, t in run.observed.items()}
         self.ropes = ropes.tokens(lo, hi)
         self.last_reader = run.last_reader
         self.scratch: dict[int, torch.Tensor] = {}

@@ -8,6 +8,7 @@ import inspect
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..models.architecture import layer_types, text_config
@@ -29,6 +30,8 @@ class Rope:
             rotary = inner.rotary_emb_local  # older transformers: a module per layer type
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        # ``tables``' flat copies, per token count
+        self._flat: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # whether the tables are the same bits on every machine (``_exact_tables``)
         self.exact = rotary is None
         if rotary is None:
@@ -68,10 +71,21 @@ class Rope:
         """This rotation over positions ``lo:hi`` of its own (the same tables, sliced: the
         same bits)."""
         part = Rope.__new__(Rope)
-        part.exact = self.exact
+        part.exact, part._flat = self.exact, {}
         part.cos = None if self.cos is None else self.cos[:, :, lo:hi].contiguous()
         part.sin = None if self.sin is None else self.sin[:, :, lo:hi].contiguous()
         return part
+
+    def tables(self, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``cos`` and ``sin`` of the last ``n`` positions (what ``unrope`` of ``n`` tokens
+        reads), each ``n x head_dim`` flat float32; None without a rotation."""
+        if self.cos is None or self.sin is None:
+            return None
+        got = self._flat.get(n)
+        if got is None:
+            cos, sin = (self.cos, self.sin) if n == self.cos.shape[2] else (self.cos[:, :, -n:], self.sin[:, :, -n:])
+            got = self._flat[n] = (cos.contiguous().reshape(-1).numpy(), sin.contiguous().reshape(-1).numpy())
+        return got
 
     def unrope(self, k: torch.Tensor) -> torch.Tensor:
         if self.cos is None or self.sin is None:

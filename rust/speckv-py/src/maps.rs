@@ -71,7 +71,57 @@ impl PyLinearMap {
         py.allow_threads(|| self.inner.apply(x, rows, &mut y, threads)).map_err(to_py)?;
         Ok(PyArray1::from_vec(py, y))
     }
+
+    /// `y` (`batch * rows x outputs`, flat float32) for the features gathered from `sources`
+    /// (the core's `linear_map::sources`, invariant R1): each `(data, heads, tokens, dim, cos,
+    /// sin)`, `data` `batch x heads x tokens x dim` and the rotation to undo `tokens x dim`
+    /// (or None), all flat float32.
+    #[pyo3(signature = (sources, batch, rows, threads=1))]
+    fn apply_sources<'py>(
+        &self,
+        py: Python<'py>,
+        sources: Vec<SourceArgs<'py>>,
+        batch: usize,
+        rows: usize,
+        threads: usize,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let contiguous = || PyValueError::new_err("linear map: source arrays must be contiguous");
+        let mut parts = Vec::with_capacity(sources.len());
+        for (data, heads, tokens, dim, cos, sin) in &sources {
+            let rope = match (cos, sin) {
+                (Some(c), Some(s)) => {
+                    Some((c.as_slice().map_err(|_| contiguous())?, s.as_slice().map_err(|_| contiguous())?))
+                }
+                (None, None) => None,
+                _ => return Err(PyValueError::new_err("linear map: a source's cos and sin come together")),
+            };
+            let data = data.as_slice().map_err(|_| contiguous())?;
+            parts.push(speckv::linear_map::Source { data, heads: *heads, tokens: *tokens, dim: *dim, rope });
+        }
+        let Some(total) = batch.checked_mul(rows).and_then(|r| r.checked_mul(self.inner.outputs())) else {
+            return Err(SpeckvError::new_err(format!("linear map: {batch} x {rows} rows are too many")));
+        };
+        let mut y = Vec::new();
+        py.allow_threads(|| {
+            // the output is allocated only once every source has shown its `batch` entries
+            speckv::linear_map::check_sources(&parts, batch, self.inner.features())?;
+            y = vec![0f32; total];
+            self.inner.apply_sources(&parts, batch, rows, &mut y, threads)
+        })
+        .map_err(to_py)?;
+        Ok(PyArray1::from_vec(py, y))
+    }
 }
+
+/// One `apply_sources` source as Python gives it.
+type SourceArgs<'py> = (
+    PyReadonlyArray1<'py, f32>,
+    usize,
+    usize,
+    usize,
+    Option<PyReadonlyArray1<'py, f32>>,
+    Option<PyReadonlyArray1<'py, f32>>,
+);
 
 /// Which kernel computes the linear maps here: "amx-int8", "avx512-vnni", "avx512", "avx2" or "portable"
 /// (the same sums either way).

@@ -31,6 +31,15 @@ use crate::parallel::for_each_piece_mut;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
+mod sources;
+
+pub use sources::Source;
+
+/// Checks `sources` for a map of `features` inputs over `batch` entries (what
+/// `LinearMap::apply_sources` checks first).
+pub fn check_sources(sources: &[Source], batch: usize, features: usize) -> Result<()> {
+    sources::check(sources, batch, features)
+}
 
 /// Output lanes per register in the widest kernel; outputs are padded to a multiple of it.
 const LANES: usize = 16;
@@ -141,6 +150,37 @@ impl LinearMap {
             let first = i * ROWS_PER_PIECE;
             let n = out.len() / self.outputs;
             self.apply_rows(&x[first * self.features..(first + n) * self.features], n, out);
+            Ok(())
+        })
+    }
+
+    /// `apply` of the features gathered from `sources` (`linear_map::sources`: each one's
+    /// heads side by side per token, a key's rotation undone, invariant R1) over `batch x
+    /// rows` rows: the same `y` as `apply` of those features, without the caller building
+    /// them. Each thread gathers its own rows.
+    pub fn apply_sources(
+        &self,
+        sources: &[Source],
+        batch: usize,
+        rows: usize,
+        y: &mut [f32],
+        threads: usize,
+    ) -> Result<()> {
+        check_sources(sources, batch, self.features)?;
+        let total = batch.saturating_mul(rows);
+        if y.len() != total.saturating_mul(self.outputs) {
+            return invalid(format!(
+                "linear map: {} outputs given for {batch} x {rows} rows of {}",
+                y.len(),
+                self.outputs
+            ));
+        }
+        let piece = ROWS_PER_PIECE * self.outputs;
+        for_each_piece_mut(threads, y, piece, |i, out| {
+            let n = out.len() / self.outputs;
+            let mut x = vec![0f32; n * self.features];
+            sources::gather(sources, rows, i * ROWS_PER_PIECE, n, &mut x);
+            self.apply_rows(&x, n, out);
             Ok(())
         })
     }
@@ -532,6 +572,55 @@ mod tests {
         let scale: Vec<i32> = (0..outputs).map(|_| (lcg(seed) % 10) as i32 + 10).collect();
         let bias: Vec<f32> = (0..outputs).map(|_| (lcg(seed) % 1000) as f32 / 100.0 - 5.0).collect();
         LinearMap::new(features, outputs, &shift, &w, &bias, &scale).unwrap()
+    }
+
+    #[test]
+    fn applying_to_sources_is_applying_to_their_gathered_features() {
+        // batch 2 x 70 rows (more than a piece); a K of 2 heads x 8 with its rotation over 70
+        // tokens, a V of 1 head x 6 holding the last 50 tokens, a third of 1 x 4 holding 80
+        let mut seed = 5u64;
+        let mut floats =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| (lcg(&mut seed) % 20001) as f32 / 1000.0 - 10.0).collect() };
+        let (batch, rows) = (2usize, 70usize);
+        let (k, cos, sin) = (floats(batch * 2 * 70 * 8), floats(70 * 8), floats(70 * 8));
+        let (v, w) = (floats(batch * 50 * 6), floats(batch * 80 * 4));
+        let sources = [
+            Source { data: &k, heads: 2, tokens: 70, dim: 8, rope: Some((&cos, &sin)) },
+            Source { data: &v, heads: 1, tokens: 50, dim: 6, rope: None },
+            Source { data: &w, heads: 1, tokens: 80, dim: 4, rope: None },
+        ];
+        let features = 2 * 8 + 6 + 4;
+        // the features written out one by one (the torch code's steps, invariant R1)
+        let mut x = vec![0f32; batch * rows * features];
+        for b in 0..batch {
+            for t in 0..rows {
+                let row = &mut x[(b * rows + t) * features..][..features];
+                for head in 0..2 {
+                    let at = |c: usize| k[((b * 2 + head) * 70 + t) * 8 + c];
+                    for c in 0..8 {
+                        let half = if c < 4 { -at(c + 4) } else { at(c - 4) };
+                        row[head * 8 + c] = at(c) * cos[t * 8 + c] - half * sin[t * 8 + c];
+                    }
+                }
+                for c in 0..6 {
+                    row[16 + c] = if t >= 20 { v[(b * 50 + t - 20) * 6 + c] } else { 0.0 };
+                }
+                for c in 0..4 {
+                    row[22 + c] = w[(b * 80 + t + 10) * 4 + c];
+                }
+            }
+        }
+        let m = random_map(features, 20, &mut seed, false);
+        let mut want = vec![0f32; batch * rows * 20];
+        m.apply(&x, batch * rows, &mut want, 1).unwrap();
+        for threads in [1, 3] {
+            let mut got = vec![0f32; batch * rows * 20];
+            m.apply_sources(&sources, batch, rows, &mut got, threads).unwrap();
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "threads {threads}");
+        }
+        let mut short = vec![0f32; 20];
+        assert!(m.apply_sources(&sources, batch, rows, &mut short, 1).is_err());
+        assert!(m.apply_sources(&sources[..2], batch, rows, &mut want, 1).is_err());
     }
 
     /// `acc` of `m` on `x` with AMX's tiles, where this machine and process have them.

@@ -1,0 +1,84 @@
+"""A layer-wise walk split into walks over groups of token blocks, side by side, one a
+thread: past the model's prefix a walk is one chain of small steps (a layer's maps, its decode
+calls, the Python and torch work between them) of which only the core calls use every core;
+walks over parts of the tokens keep the cores busy (the core and torch release the GIL)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .. import _api, container
+from .block_layout import join, parallel
+from .plan import CodingPlan
+from .stacked import _stacked_job, _stacked_result
+
+
+class _Piece(NamedTuple):
+    """One token block of a layer-wise walk's stacked container(s): the container, the
+    block, where its jointly coded V finds its K's residuals (keyed by ``block``), and the
+    prompt position its container's tokens start at (a container per block of a prompt)."""
+
+    c: container.Container
+    block: int
+    outside: dict[int, np.ndarray]
+    start: int = 0
+
+    def tokens(self) -> tuple[int, int]:
+        lo, hi = self.c.token_range(self.block)
+        return self.start + lo, self.start + hi
+
+
+def split_walk(
+    plan: CodingPlan, run: Any, pieces: list[_Piece], layers: range, threads: int
+) -> list[dict[int, list[torch.Tensor]]] | None:
+    """A layer-wise walk's ``layers`` (its maps, from ``run.independent_layers`` on) as walks
+    over groups of consecutive ``pieces``, side by side, one per thread
+    (``_PrefixRun.split``): each predicts its tokens' rows, decodes its pieces' streams and
+    observes them. Per piece, its layers' ``[K, V]``: the same words as one walk over every
+    token (each row's prediction is the same bits, and each piece's stream is checked
+    against it). None where the walk does not split (one thread, one piece, a run whose maps
+    are not row by row): the caller walks on as one.
+
+    Measured on an Intel Xeon with AMX, 2 cores, the demo model's 512-token restore with the
+    ``map`` predictor (``benches/profile_restore.py``): see ``docs/benchmarks/restore-profile.md``."""
+    groups = min(threads, len(pieces))
+    split = getattr(run, "split", None)
+    if groups < 2 or not callable(split) or not layers:
+        return None
+    if any(p.c.held(layer) != p.c.tokens for p in pieces for layer in layers):
+        return None  # a layer holding the last tokens only: its rows are not the walk's
+    total = sum(hi - lo for lo, hi in (p.tokens() for p in pieces))
+    bounds: list[list[_Piece]] = [[]]
+    seen = 0
+    for p in pieces:  # consecutive pieces, about as many tokens a group
+        lo, hi = p.tokens()
+        if bounds[-1] and seen >= total * len(bounds) / groups:
+            bounds.append([])
+        bounds[-1].append(p)
+        seen += hi - lo
+    spans = [(g[0].tokens()[0], g[-1].tokens()[1]) for g in bounds]
+    runs = split(spans, max(1, threads // len(bounds)))
+    if runs is None:
+        return None
+
+    def walk(work: tuple[Any, list[_Piece], int]) -> list[dict[int, list[torch.Tensor]]]:
+        sub, group, first = work
+        got: list[dict[int, list[torch.Tensor]]] = [{} for _ in group]
+        for layer in layers:
+            for which in (0, 1):
+                target = plan.target(layer, which, sub.predict(layer, which))
+                jobs = [
+                    _stacked_job(plan, p.c, p.block, which, layer, [target], p.outside, first - p.start) for p in group
+                ]
+                values = []
+                for i, (p, words, job) in enumerate(zip(group, _api.decode_many(jobs, sub.threads), jobs)):
+                    values.append(_stacked_result(plan, words, job[1], p.block, which, 1, p.outside)[0])
+                    got[i].setdefault(layer, []).append(values[-1])
+                sub.observe(layer, which, plan.observed(layer, which, join(values)))
+        return got
+
+    done = parallel(walk, [(sub, g, lo) for sub, g, (lo, _) in zip(runs, bounds, spans)], len(bounds))
+    return [per_piece for group in done for per_piece in group]
