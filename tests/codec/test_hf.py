@@ -3,6 +3,8 @@ download), and the demo model when its package is installed (CI installs it)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -53,6 +55,24 @@ def test_dynamic_cache_round_trip_is_exact(calibrated, mode):
     # one layer on its own
     k1, v1 = codec.decompress_layer(data, prompt, 1)
     assert torch.equal(k1.view(word), back[1][0].view(word))
+
+
+def test_coding_parameters_are_built_once_per_calibration(calibrated):
+    """``SpeculativeCodec.params``: one object (each layer's parameters built once) while the
+    calibration, device and token scale stay; a new one when any changes."""
+    model, codec = calibrated
+    params = codec.params
+    assert codec.params is params
+    assert params.layer("bf16", 1, False) is params.layer("bf16", 1, False)
+    assert params.layer("fp8", 1, False) is not params.layer("bf16", 1, False)
+    other = SpeculativeCodec(model, codec.calibration, codec.predictor, device="cpu")
+    assert other.params is not params and other.params.device == "cpu"
+    before = codec.calibration
+    try:
+        codec.calibration = copy.copy(before)
+        assert codec.params is not params and codec.params.calibration is codec.calibration
+    finally:
+        codec.calibration = before
 
 
 def test_restored_tensors_go_where_asked(calibrated):

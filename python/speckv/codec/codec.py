@@ -97,6 +97,7 @@ class SpeculativeCodec:
         self.token_scale = token_scale
         # the joint model's arrays as the core takes them, for the calibration they were made from
         self._joint_models = JointModels()
+        self._params: CodingParams | None = None
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
         if calibration is not None:
@@ -149,8 +150,22 @@ class SpeculativeCodec:
 
     @property
     def params(self) -> CodingParams:
-        """The coding parameters of the current calibration (``plan``)."""
-        return CodingParams(self.require_calibration(), self.device, self.token_scale, self._joint_models)
+        """The coding parameters of the current calibration (``plan``): one object while the
+        calibration, device and token scale stay, so each layer's parameters are built once
+        per codec, not once per container (~5% of a restore)."""
+        cal = self.require_calibration()
+        made = self._params
+        if (
+            made is None
+            or made.calibration is not cal
+            or (made.device, made.token_scale)
+            != (
+                self.device,
+                self.token_scale,
+            )
+        ):
+            made = self._params = CodingParams(cal, self.device, self.token_scale, self._joint_models)
+        return made
 
     # -- coding -------------------------------------------------------------------------
     def compress(

@@ -107,6 +107,7 @@ class CodingParams:
         self.token_scale = token_scale
         self._joint_models = joint_models
         self.joint_layers = joint_layers(calibration)
+        self._layers: dict[tuple[str, int, bool], LayerPlan] = {}
 
     def plan(
         self,
@@ -134,7 +135,14 @@ class CodingParams:
 
     def layer(self, mode: str, layer: int, joint: bool) -> LayerPlan:
         """Layer ``layer``'s parameters in ``mode`` (``joint``: the joint model's gain and
-        conditional sigma where the calibration has them for this layer)."""
+        conditional sigma where the calibration has them for this layer), built once."""
+        key = (mode, layer, joint)
+        got = self._layers.get(key)
+        if got is None:
+            got = self._layers[key] = self._layer(mode, layer, joint)
+        return got
+
+    def _layer(self, mode: str, layer: int, joint: bool) -> LayerPlan:
         cal = self.calibration
         joint = joint and layer in self.joint_layers
         model = cal.joint.get(joint_key(mode), {}) if joint else {}
