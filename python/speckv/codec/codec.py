@@ -45,7 +45,7 @@ from .encode_walk import encode_container
 from .from_description import predictor_from_description
 from .modes import MODES
 from .modes import dequantize as dequantize_fp8
-from .plan import CodingParams, JointModels
+from .plan import CodingParams, ParamsCache
 
 prompt_digest = identity.prompt_digest
 
@@ -95,9 +95,8 @@ class SpeculativeCodec:
         # with the joint model: each token's sigmas follow its residuals so far (README,
         # "Joint model"; None codes with the calibrated sigmas); the container records it
         self.token_scale = token_scale
-        # the joint model's arrays as the core takes them, for the calibration they were made from
-        self._joint_models = JointModels()
-        self._params: CodingParams | None = None
+        # the coding parameters, rebuilt when the calibration, device or token scale change
+        self._params = ParamsCache()
         self.fingerprint = fingerprint if fingerprint is not None else model_fingerprint(model)
         self.calibration = calibration
         if calibration is not None:
@@ -150,22 +149,8 @@ class SpeculativeCodec:
 
     @property
     def params(self) -> CodingParams:
-        """The coding parameters of the current calibration (``plan``): one object while the
-        calibration, device and token scale stay, so each layer's parameters are built once
-        per codec, not once per container (~5% of a restore)."""
-        cal = self.require_calibration()
-        made = self._params
-        if (
-            made is None
-            or made.calibration is not cal
-            or (made.device, made.token_scale)
-            != (
-                self.device,
-                self.token_scale,
-            )
-        ):
-            made = self._params = CodingParams(cal, self.device, self.token_scale, self._joint_models)
-        return made
+        """The coding parameters of the current calibration (``plan``; ``ParamsCache``)."""
+        return self._params.get(self.require_calibration(), self.device, self.token_scale)
 
     # -- coding -------------------------------------------------------------------------
     def compress(
