@@ -104,6 +104,44 @@ def test_whole_prompt_predictors_code_jointly_by_default(calibrated):  # noqa: F
         SpeculativeCodec(model, other, codec.predictor, fingerprint=codec.fingerprint).decompress(data, prompt)
 
 
+@pytest.mark.parametrize("joint", [True, False])
+def test_a_whole_prompt_restore_split_into_token_walks_is_one_walks_bit_for_bit(calibrated, monkeypatch, joint):  # noqa: F811
+    """``token_walks.split_whole``: a whole-prompt predictor's container decoded as walks
+    over groups of token blocks side by side (a jointly coded V reading its own block's K
+    residuals) gives the one walk's words, for any number of threads; one thread, one block
+    or a few layers asked for do not split."""
+    from speckv.codec import decode_walk
+
+    model, codec = calibrated
+    coder = SpeculativeCodec(model, codec.calibration, codec.predictor, fingerprint=codec.fingerprint, joint=joint)
+    prompt = ids(40, 8)
+    cache = other_kernels(model, prompt)
+    splits = []
+    real = decode_walk.split_whole
+
+    def spy(plan, c, prediction, threads):
+        got = real(plan, c, prediction, threads)
+        splits.append((len(c.blocks), threads, got is not None))
+        return got
+
+    monkeypatch.setattr(decode_walk, "split_whole", spy)
+    for mode in ("bf16", "fp8"):
+        data = coder.compress(cache, prompt, mode, block_size=16)  # blocks of 16, 16 and 8
+        assert speckv.info(data)["metadata"].get("joint", False) is joint
+        splits.clear()
+        walks = [extract_kv(coder.decompress(data, prompt, dequantize=False, threads=t)) for t in (1, 2, 3)]
+        assert splits == [(3, 1, False), (3, 2, True), (3, 3, True)]
+        for got in walks:
+            assert_same(coder, mode, cache, got)
+        splits.clear()
+        k, v = coder.decompress_layer(data, prompt, 1, threads=2)
+        assert splits == [] and torch.equal(v.view(WORDS[mode]), walks[0][1][1].view(WORDS[mode]))
+        one = coder.compress(cache, prompt, mode)  # one block of 40
+        splits.clear()
+        assert_same(coder, mode, cache, extract_kv(coder.decompress(one, prompt, dequantize=False, threads=2)))
+        assert splits == [(1, 2, False)]
+
+
 def test_save_and_load_keep_the_joint_model(calibrated, tmp_path):  # noqa: F811
     model, codec = calibrated
     path = tmp_path / "cal.safetensors"

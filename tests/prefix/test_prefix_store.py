@@ -456,14 +456,15 @@ def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch, joi
 def test_a_prompts_blocks_of_statistics_decode_in_one_call_a_layer_bit_for_bit(codec, monkeypatch, joint):
     """``BlockCodec.decode_blocks`` with a whole-prompt predictor (per-channel statistics):
     every block's K streams in one decode call, then its V streams (a jointly coded V reads
-    its own block's K residuals), each block bit for bit its own ``decode`` and its cache."""
+    its own block's K residuals), each block bit for bit its own ``decode`` and its cache;
+    on two threads, two walks side by side, two blocks each: the same words."""
     from speckv import _api
     from speckv.codec import decode_walk
     from speckv.hf import BlockCodec, ChannelStatsPredictor
 
     stats = SpeculativeCodec(codec.model, predictor=ChannelStatsPredictor(), joint=joint)
     stats.calibrate([ids(64, s) for s in range(4)])
-    blocks = BlockCodec(stats, "bf16")
+    blocks = BlockCodec(stats, "bf16", threads=1)
     a, _ = shared_prompts()
     kv = extract_kv(prefill(codec.model, a))
     datas = [
@@ -480,15 +481,19 @@ def test_a_prompts_blocks_of_statistics_decode_in_one_call_a_layer_bit_for_bit(c
     monkeypatch.setattr(_api, "decode_many", counted)
     together = blocks.decode_blocks(datas, a, 0)
     assert calls == [4, 4]  # the four blocks' K, then their V
+    calls.clear()
+    apart = BlockCodec(stats, "bf16", threads=2).decode_blocks(datas, a, 0)
+    assert calls == [2, 2, 2, 2]  # two walks of two blocks (K, then V) side by side
     # a long prompt's blocks a group at a time (its targets bounded): the same words
     monkeypatch.setattr(decode_walk, "WHOLE_BLOCKS_TOKENS", 2 * BLOCK)
     calls.clear()
     grouped = blocks.decode_blocks(datas, a, 0)
     assert calls == [2, 2, 2, 2]
     for b in range(4):
-        for (k, v), (k2, v2) in zip(together[b], grouped[b]):
-            assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
-            assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
+        for other in (apart, grouped):
+            for (k, v), (k2, v2) in zip(together[b], other[b]):
+                assert torch.equal(k.view(torch.int16), k2.view(torch.int16))
+                assert torch.equal(v.view(torch.int16), v2.view(torch.int16))
     monkeypatch.undo()
     for b, data in enumerate(datas):
         alone = blocks.decode(data, a[:, : (b + 1) * BLOCK], b * BLOCK)

@@ -22,7 +22,7 @@ from .block_layout import join, parallel, per_layer_batch
 from .plan import CodingPlan
 from .stacked import _stacked_job, _stacked_result
 from .target import Target, channel_major, cut_tokens
-from .token_walks import _Piece, split_walk
+from .token_walks import _Piece, split_walk, split_whole, token_groups
 
 # per layer: its K's and V's decoded pieces (one per block)
 Parts = dict[int, list[list[torch.Tensor]]]
@@ -49,7 +49,12 @@ def decode_whole(
     # between decode calls would otherwise wake torch's OpenMP workers, which then spin
     # for milliseconds on the cores the coder runs on (measured: 1.2-1.3x slower restores)
     with fixed_threads(1):
-        _decode_parts(plan, c, wanted, layers, target, parts)
+        split = split_whole(plan, c, prediction, plan.threads) if layers is None else None
+        if split is not None:
+            for layer in wanted:
+                parts[layer] = [[got[layer][which] for got in split] for which in (0, 1)]
+        else:
+            _decode_parts(plan, c, wanted, layers, target, parts)
     return {layer: (join(k), join(v)) for layer, (k, v) in parts.items()}
 
 
@@ -110,16 +115,18 @@ def decode_whole_blocks(
     prompt up to block ``i``'s end) and its plan: every layer of every block, a group of
     blocks (``WHOLE_BLOCKS_TOKENS``) at a time, the group's K streams in one decode call
     (``_api.decode_many``, spread over the threads), then its V streams (a jointly coded V
-    reads its own block's K residuals). The same words as ``decode_whole`` of each block: the
-    same targets, each stream decoded whole."""
+    reads its own block's K residuals); on several threads, as walks over groups of
+    consecutive blocks side by side, one a thread. The same words as ``decode_whole`` of each
+    block: the same targets, each stream decoded whole."""
     outside: list[dict[int, np.ndarray]] = [{} for _ in cs]
     out: list[dict[int, list[torch.Tensor]]] = [{} for _ in cs]
-    groups: list[list[int]] = []
-    for i, c in enumerate(cs):
-        if not groups or sum(cs[j].tokens for j in groups[-1]) + c.tokens > WHOLE_BLOCKS_TOKENS:
-            groups.append([])
-        groups[-1].append(i)
-    with fixed_threads(1):  # as ``decode_whole``: torch's workers off the coder's cores
+
+    def walk(members: list[int], threads: int) -> None:
+        groups: list[list[int]] = []
+        for i in members:
+            if not groups or sum(cs[j].tokens for j in groups[-1]) + cs[i].tokens > WHOLE_BLOCKS_TOKENS:
+                groups.append([])
+            groups[-1].append(i)
         for group in groups:
             for which in (0, 1):
                 jobs = []
@@ -130,10 +137,17 @@ def decode_whole_blocks(
                         for layer in range(c.layers)
                     ]
                     jobs.append(_stacked_job(plan, c, 0, which, 0, targets, outside[i]))
-                for i, got, job in zip(group, _api.decode_many(jobs, plans[0].threads), jobs):
+                for i, got, job in zip(group, _api.decode_many(jobs, threads), jobs):
                     pieces = _stacked_result(plans[i], got, job[1], 0, which, cs[i].layers, outside[i])
                     for layer, piece in enumerate(pieces):
                         out[i].setdefault(layer, []).append(piece)
+
+    n = plans[0].threads
+    with fixed_threads(1):  # as ``decode_whole``: torch's workers off the coder's cores
+        # walks over groups of consecutive blocks side by side, one a thread (as
+        # ``token_walks``: one walk's Python between its decode calls overlaps the other's)
+        members = token_groups([c.tokens for c in cs], n)
+        parallel(lambda group: walk(group, max(1, n // len(members))), members, len(members))
     return [{layer: (kv[0], kv[1]) for layer, kv in blocks.items()} for blocks in out]
 
 
