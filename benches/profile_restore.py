@@ -107,6 +107,7 @@ def instrumented(phases: Phases) -> Iterator[None]:
         (decode_walk, "join", "copies (join blocks)"),
         (decode_walk, "channel_major", "copies (channel-major)"),
         (decode_walk, "split_walk", "token walks side by side (waited for)"),
+        (decode_walk, "split_whole", "token walks side by side (waited for)"),
     ]
     saved = []
     for owner, attr, name in patches:
