@@ -123,3 +123,18 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
             make(path)
             done.touch()
     return path
+
+
+def record_calls(monkeypatch, owner, name, describe):
+    """``owner.name`` replaced (for the test) with a wrapper that calls it and appends
+    ``describe(*args, result)`` to the list returned: what a test asserts about the calls."""
+    seen = []
+    real = getattr(owner, name)
+
+    def spy(*args):
+        got = real(*args)
+        seen.append(describe(*args, got))
+        return got
+
+    monkeypatch.setattr(owner, name, spy)
+    return seen

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import speckv  # noqa: E402
+from helpers import record_calls  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.models.cache import other_kernels  # noqa: E402
 from speckv.predictors.joint_fit import JointFit  # noqa: E402
@@ -116,15 +117,9 @@ def test_a_whole_prompt_restore_split_into_token_walks_is_one_walks_bit_for_bit(
     coder = SpeculativeCodec(model, codec.calibration, codec.predictor, fingerprint=codec.fingerprint, joint=joint)
     prompt = ids(40, 8)
     cache = other_kernels(model, prompt)
-    splits = []
-    real = decode_walk.split_whole
-
-    def spy(plan, c, prediction, threads):
-        got = real(plan, c, prediction, threads)
-        splits.append((len(c.blocks), threads, got is not None))
-        return got
-
-    monkeypatch.setattr(decode_walk, "split_whole", spy)
+    splits = record_calls(
+        monkeypatch, decode_walk, "split_whole", lambda plan, c, prediction, n, got: (len(c.blocks), n, got is not None)
+    )
     for mode in ("bf16", "fp8"):
         data = coder.compress(cache, prompt, mode, block_size=16)  # blocks of 16, 16 and 8
         assert speckv.info(data)["metadata"].get("joint", False) is joint

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import speckv  # noqa: E402
+from helpers import record_calls  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
 from speckv.models.cache import other_kernels, prefill  # noqa: E402
 from speckv.predictors.calibration import CalibrationMismatchError, _RelativeFit  # noqa: E402
@@ -58,15 +59,12 @@ def test_a_restore_split_into_token_walks_is_the_one_walk_bit_for_bit(prefix_cod
     prompt = ids(40, 5)
     cache = other_kernels(model, prompt)
     data = coder.compress(cache, prompt, "bf16", block_size=16)  # blocks of 16, 16 and 8
-    splits = []
-    real = decode_walk.split_walk
-
-    def spy(plan, run, pieces, layers, threads):
-        got = real(plan, run, pieces, layers, threads)
-        splits.append((len(pieces), threads, got is not None))
-        return got
-
-    monkeypatch.setattr(decode_walk, "split_walk", spy)
+    splits = record_calls(
+        monkeypatch,
+        decode_walk,
+        "split_walk",
+        lambda _p, _r, pieces, _l, n, got: (len(pieces), n, got is not None),
+    )
     walks = {t: extract_kv(coder.decompress(data, prompt, dequantize=False, threads=t)) for t in (1, 2, 3)}
     maps = codec.predictor.layers < model.config.num_hidden_layers  # else the prefix is all
     assert splits == ([(3, 1, False), (3, 2, True), (3, 3, True)] if maps else [])

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import record_calls  # noqa: E402
 from services import redis_url  # noqa: E402,F401  (a redis-server on a loopback port)
 from speckv import PredictionMismatchError  # noqa: E402
 from speckv.hf import ModelPrefixPredictor, PrefixStore, SpeculativeCodec, extract_kv  # noqa: E402
@@ -423,15 +424,12 @@ def test_a_prompts_blocks_decode_in_one_walk_bit_for_bit(codec, monkeypatch, joi
         return start(block_ids, state, block)
 
     monkeypatch.setattr(codec.predictor, "start", walk)
-    splits = []
-    real = decode_walk.split_walk
-
-    def spy(plan, run, pieces, layers, threads):
-        got = real(plan, run, pieces, layers, threads)
-        splits.append((len(pieces), threads, got is not None))
-        return got
-
-    monkeypatch.setattr(decode_walk, "split_walk", spy)
+    splits = record_calls(
+        monkeypatch,
+        decode_walk,
+        "split_walk",
+        lambda _p, _r, pieces, _l, n, got: (len(pieces), n, got is not None),
+    )
     together = blocks.decode_blocks(datas, a, 0, PrefixState())
     assert walks == [(4 * BLOCK, BLOCK)]  # one walk over the four blocks
     # past the model's prefix, the maps' layers walked as two token walks side by side

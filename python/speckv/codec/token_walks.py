@@ -102,9 +102,11 @@ def split_whole(
     (``CodingPlan.target`` is per scalar: the rows of the whole prompt's), then decodes its
     blocks' K streams and V streams a few layers a call (a jointly coded V reads its own
     block's K residuals, which its walk holds). Per block, its layers' ``[K, V]``: the same
-    words as one walk. None where it does not split (one thread, one block, a layer holding
-    only the last tokens): the caller walks as one."""
-    if threads < 2 or len(c.blocks) < 2 or any(c.held(layer) != c.tokens for layer in range(c.layers)):
+    words as one walk. None where it does not split (a per-layer container, one thread, one
+    block, a layer holding only the last tokens): the caller walks as one."""
+    if c.layout != "stacked" or threads < 2 or len(c.blocks) < 2:
+        return None
+    if any(c.held(layer) != c.tokens for layer in range(c.layers)):
         return None
     if any(s is None for block in c.blocks for s in block):
         return None
