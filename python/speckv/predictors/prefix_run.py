@@ -148,11 +148,15 @@ class _PrefixRun:
         layer holds), or once a map has run. Each walk's predictions are the rows of the
         whole walk's, bit for bit (the maps sum each token's features alone, the RoPE tables
         are the whole walk's, sliced), so the walks can run side by side: one per core, each
-        one's Python between its core calls overlapping the others' (measured: ``TokenRun``)."""
+        one's Python between its core calls overlapping the others' (measured:
+        ``docs/benchmarks/restore-profile.md``). This walk goes no further: its observed layers
+        are the walks' from here (each holds its rows)."""
         if self.p._windowed() or self.scratch or self.features:
             return None
         ropes, shape = self._maps_ready()
-        return [TokenRun(self, ropes, shape, lo, hi, threads) for lo, hi in bounds]
+        runs = [TokenRun(self, ropes, shape, lo, hi, threads) for lo, hi in bounds]
+        self.observed.clear()
+        return runs
 
     def wait(self) -> None:
         """Returns once the forward pass has ended (and restored torch's thread count): run
