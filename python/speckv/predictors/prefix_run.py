@@ -46,6 +46,8 @@ class _PrefixRun:
         self.cond = threading.Condition()
         self.ropes: Ropes | None = None
         self.scratch: dict[int, torch.Tensor] = {}
+        # whether a map has run (the walk no longer splits: ``split``)
+        self.mapped = False
         # the observed tensors as the maps read them (float32, K un-RoPEd, by token), made once
         self.features: dict[tuple[int, int], torch.Tensor] = {}
         # the core's threads the maps' integer sums take (the walk hands over the decoder's)
@@ -119,6 +121,7 @@ class _PrefixRun:
                     del self.made[layer]
             return made[which].float()
         ropes, shape = self._maps_ready()
+        self.mapped = True
         return self.p.map_predict(layer, which, self.observed, ropes, shape, self.scratch, self.features, self.threads)
 
     def _maps_ready(self) -> tuple[Ropes, tuple[int, ...]]:
@@ -151,7 +154,7 @@ class _PrefixRun:
         one's Python between its core calls overlapping the others' (measured:
         ``docs/benchmarks/restore-profile.md``). This walk goes no further: its observed layers
         are the walks' from here (each holds its rows)."""
-        if self.p._windowed() or self.scratch or self.features:
+        if self.p._windowed() or self.mapped:
             return None
         ropes, shape = self._maps_ready()
         runs = [TokenRun(self, ropes, shape, lo, hi, threads) for lo, hi in bounds]

@@ -60,9 +60,9 @@ class Rope:
         h = x.shape[-1] // 2
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
-    def _last(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _last(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables of the last ``n`` positions."""
         assert self.cos is not None and self.sin is not None
-        n = t.shape[2]
         if n == self.cos.shape[2]:
             return self.cos, self.sin
         return self.cos[:, :, -n:], self.sin[:, :, -n:]
@@ -83,20 +83,20 @@ class Rope:
             return None
         got = self._flat.get(n)
         if got is None:
-            cos, sin = (self.cos, self.sin) if n == self.cos.shape[2] else (self.cos[:, :, -n:], self.sin[:, :, -n:])
+            cos, sin = self._last(n)
             got = self._flat[n] = (cos.contiguous().reshape(-1).numpy(), sin.contiguous().reshape(-1).numpy())
         return got
 
     def unrope(self, k: torch.Tensor) -> torch.Tensor:
         if self.cos is None or self.sin is None:
             return k
-        cos, sin = self._last(k)
+        cos, sin = self._last(k.shape[2])
         return k * cos - self._half(k) * sin
 
     def rope(self, u: torch.Tensor) -> torch.Tensor:
         if self.cos is None or self.sin is None:
             return u
-        cos, sin = self._last(u)
+        cos, sin = self._last(u.shape[2])
         return u * cos + self._half(u) * sin
 
 
