@@ -89,15 +89,23 @@ void host_speckv_payload_lengths(const uint32_t* lane_bytes, uint32_t* payload_b
     for (unsigned long long c = 0; c < chunks; ++c) speckv::payload_item(lane_bytes, payload_bytes, c);
 }
 
+void host_speckv_fingerprint_blocks(const float* mu, const int16_t* codes, unsigned long long n,
+                                    unsigned long long chunk, unsigned long long per_chunk, uint64_t* sums,
+                                    unsigned long long items) {
+    for (unsigned long long i = 0; i < items; ++i)
+        speckv::fingerprint_blocks_item(mu, codes, n, chunk, per_chunk, sums, i);
+}
+
 void host_speckv_fingerprints(const float* mu, const int16_t* codes, unsigned long long n, unsigned long long chunk,
-                              uint64_t* out, unsigned long long chunks) {
-    for (unsigned long long c = 0; c < chunks; ++c) speckv::fingerprints_item(mu, codes, n, chunk, out, c);
+                              unsigned long long per_chunk, const uint64_t* sums, uint64_t* out,
+                              unsigned long long chunks) {
+    for (unsigned long long c = 0; c < chunks; ++c)
+        speckv::fingerprints_item(mu, codes, n, chunk, per_chunk, sums, out, c);
 }
 
 void host_speckv_join_lanes(const uint32_t* lane_words, unsigned int capacity, const uint32_t* lane_bytes,
-                            const uint64_t* offsets, uint8_t* out, unsigned long long chunks) {
-    for (unsigned long long c = 0; c < chunks; ++c)
-        speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, c);
+                            const uint64_t* offsets, uint8_t* out, unsigned long long items) {
+    for (unsigned long long i = 0; i < items; ++i) speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, i);
 }
 
 // The kernel of speckv_stats.cu with the same parameters.

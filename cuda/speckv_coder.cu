@@ -7,9 +7,12 @@
 //                          (the escapes' positions found between the launches)
 //   speckv_code_lanes      one thread per chunk and lane (eight a chunk): the lane's coder
 //   speckv_payload_lengths one thread per chunk: its payload's length
-//   speckv_fingerprints    one thread per chunk: XXH3 of the chunk's mu and sigma codes
-//   speckv_join_lanes      one thread per chunk: the payload at its offset (a prefix sum of
-//                          the payload lengths, computed between the launches)
+//   speckv_fingerprint_blocks one thread per 1 KiB block of a chunk's mu and sigma codes: the
+//                          block's XXH3 sums (long chunks only)
+//   speckv_fingerprints    one thread per chunk: XXH3 of the chunk's mu and sigma codes, its
+//                          blocks' scrambles chained over their sums
+//   speckv_join_lanes      one thread per lane word: the payload at its offset (a prefix sum
+//                          of the payload lengths, computed between the launches)
 // Nothing depends on scheduling: every output is written by exactly one thread. Each kernel's
 // work per item is a function of speckv_coder.cuh, which host_shim.cpp runs on the CPU.
 #include "speckv_coder.cuh"
@@ -56,15 +59,23 @@ extern "C" __global__ void speckv_payload_lengths(const uint32_t* __restrict__ l
     SPECKV_GRID_STRIDE(c, chunks) { speckv::payload_item(lane_bytes, payload_bytes, c); }
 }
 
+extern "C" __global__ void speckv_fingerprint_blocks(const float* __restrict__ mu,
+                                                     const int16_t* __restrict__ codes, unsigned long long n,
+                                                     unsigned long long chunk, unsigned long long per_chunk,
+                                                     uint64_t* __restrict__ sums, unsigned long long items) {
+    SPECKV_GRID_STRIDE(i, items) { speckv::fingerprint_blocks_item(mu, codes, n, chunk, per_chunk, sums, i); }
+}
+
 extern "C" __global__ void speckv_fingerprints(const float* __restrict__ mu, const int16_t* __restrict__ codes,
                                                unsigned long long n, unsigned long long chunk,
+                                               unsigned long long per_chunk, const uint64_t* __restrict__ sums,
                                                uint64_t* __restrict__ out, unsigned long long chunks) {
-    SPECKV_GRID_STRIDE(c, chunks) { speckv::fingerprints_item(mu, codes, n, chunk, out, c); }
+    SPECKV_GRID_STRIDE(c, chunks) { speckv::fingerprints_item(mu, codes, n, chunk, per_chunk, sums, out, c); }
 }
 
 extern "C" __global__ void speckv_join_lanes(const uint32_t* __restrict__ lane_words, unsigned int capacity,
                                              const uint32_t* __restrict__ lane_bytes,
                                              const uint64_t* __restrict__ offsets,
-                                             uint8_t* __restrict__ out, unsigned long long chunks) {
-    SPECKV_GRID_STRIDE(c, chunks) { speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, c); }
+                                             uint8_t* __restrict__ out, unsigned long long items) {
+    SPECKV_GRID_STRIDE(i, items) { speckv::join_item(lane_words, capacity, lane_bytes, offsets, out, i); }
 }

@@ -16,7 +16,7 @@
 //      escapes, which are rare).
 //   3. code_lane(): per chunk and lane, that lane's range coder over its scalars (integer
 //      work only): eight threads a chunk.
-//   4. join_lanes(): a chunk's payload, lane lengths then lanes.
+//   4. join_word(): a chunk's payload, lane lengths then lanes, a word at a time.
 //
 // Mirrors, each cited where it is used:
 //   rust/speckv/src/exact.rs          setup, window, cum, encode_one / encode_slow
@@ -396,22 +396,27 @@ SPECKV_HD uint32_t payload_length(const uint32_t* lane_bytes) {
 }
 
 // Step 3 (codec.rs: join_lanes): the payload, lanes 0-6's byte lengths as LEB128 varints, then
-// every lane's bytes (little-endian words, the last one without its `skip` low bytes).
-SPECKV_HD void join_lanes(const uint32_t* lane_words, uint32_t capacity, const uint32_t* lane_bytes, uint8_t* out) {
+// every lane's bytes (little-endian words, the last one without its `skip` low bytes). Word
+// `w` of lane `l` is written on its own (a thread a word on the GPU: a chunk's payload is
+// hundreds of kilobytes), its place found from the lanes' lengths; word 0 of lane 0 also
+// writes the lengths.
+SPECKV_HD void join_word(const uint32_t* words, const uint32_t* lane_bytes, uint32_t l, uint32_t w, uint8_t* out) {
     uint64_t at = 0;
-    for (uint32_t l = 0; l + 1 < LANES; ++l) {
-        uint32_t v = lane_bytes[l];
-        for (; v >= 0x80; v >>= 7) out[at++] = (uint8_t)(v | 0x80);
-        out[at++] = (uint8_t)v;
-    }
-    for (uint32_t l = 0; l < LANES; ++l) {
-        const uint32_t* words = lane_words + (uint64_t)l * capacity;
-        const uint32_t bytes = lane_bytes[l], n = (bytes + 3) / 4, skip = 4 * n - bytes;
-        for (uint32_t w = 0; w < n; ++w) {
-            const uint32_t word = words[w];
-            for (uint32_t b = (w + 1 == n ? skip : 0); b < 4; ++b) out[at++] = (uint8_t)(word >> (8 * b));
+    for (uint32_t k = 0; k + 1 < LANES; ++k) {
+        uint32_t v = lane_bytes[k];
+        for (; v >= 0x80; v >>= 7) {
+            if (l == 0 && w == 0) out[at] = (uint8_t)(v | 0x80);
+            ++at;
         }
+        if (l == 0 && w == 0) out[at] = (uint8_t)v;
+        ++at;
     }
+    const uint32_t bytes = lane_bytes[l], n = (bytes + 3) / 4, skip = 4 * n - bytes;
+    if (w >= n) return;
+    for (uint32_t k = 0; k < l; ++k) at += lane_bytes[k];
+    at += 4ull * w;
+    const uint32_t word = words[w];
+    for (uint32_t b = (w + 1 == n ? skip : 0); b < 4; ++b) out[at++] = (uint8_t)(word >> (8 * b));
 }
 
 // The kernels' work per item (speckv_coder.cu runs them over a grid, host_shim.cpp over a
@@ -461,24 +466,44 @@ SPECKV_HD void payload_item(const uint32_t* lane_bytes, uint32_t* payload_bytes,
     payload_bytes[c] = payload_length(lane_bytes + c * LANES);
 }
 
-SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n);
+SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n,
+                                     const uint64_t* sums = nullptr);
 
-SPECKV_HD void fingerprints_item(const float* mu, const int16_t* codes, uint64_t n, uint64_t chunk, uint64_t* out,
-                                 uint64_t c) {
-    const uint64_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
-    out[c] = chunk_fingerprint(mu + start, codes + start, stop - start);
+// A chunk's fingerprint (below) is XXH3 over 6 bytes a scalar; its full blocks' sums
+// (xxh3::block_sums) come first, `per_chunk` slots a chunk (a whole chunk's
+// xxh3::long_blocks; a shorter last chunk uses fewer). Item `i` is block i % per_chunk of chunk
+// i / per_chunk, its 8 sums at sums + 8 * i.
+SPECKV_HD uint64_t fingerprint_blocks(uint64_t chunk) { return xxh3::long_blocks(6 * chunk); }
+
+SPECKV_HD void fingerprint_blocks_item(const float* mu, const int16_t* codes, uint64_t n, uint64_t chunk,
+                                       uint64_t per_chunk, uint64_t* sums, uint64_t i) {
+    const uint64_t c = i / per_chunk, b = i % per_chunk;
+    const uint64_t start = c * chunk, len = (start + chunk < n ? start + chunk : n) - start;
+    if (b >= fingerprint_blocks(len)) return;
+    const xxh3::Input in{(const uint8_t*)(mu + start), 4 * len, (const uint8_t*)(codes + start), 6 * len};
+    xxh3::block_sums(in, b, sums + 8 * i);
 }
 
+// Chunk c's fingerprint from its blocks' sums (fingerprint_blocks_item; none with per_chunk 0).
+SPECKV_HD void fingerprints_item(const float* mu, const int16_t* codes, uint64_t n, uint64_t chunk,
+                                 uint64_t per_chunk, const uint64_t* sums, uint64_t* out, uint64_t c) {
+    const uint64_t start = c * chunk, stop = start + chunk < n ? start + chunk : n;
+    out[c] = chunk_fingerprint(mu + start, codes + start, stop - start, per_chunk ? sums + 8 * c * per_chunk : nullptr);
+}
+
+// Item `i` is word i % capacity of lane (i / capacity) % 8 of chunk i / (8 * capacity);
 // `offsets[c]`: where chunk c's payload starts in `out` (the prefix sum of payload_bytes).
 SPECKV_HD void join_item(const uint32_t* lane_words, uint32_t capacity, const uint32_t* lane_bytes,
-                         const uint64_t* offsets, uint8_t* out, uint64_t c) {
-    join_lanes(lane_words + c * LANES * capacity, capacity, lane_bytes + c * LANES, out + offsets[c]);
+                         const uint64_t* offsets, uint8_t* out, uint64_t i) {
+    const uint64_t lane = i / capacity, c = lane / LANES;
+    join_word(lane_words + lane * capacity, lane_bytes + c * LANES, (uint32_t)(lane % LANES), (uint32_t)(i % capacity),
+              out + offsets[c]);
 }
 
 // prediction.rs: codes_and_fingerprint, a chunk's fingerprint: XXH3 over its mu's bytes then
 // its sigma codes' bytes (little-endian, as both are in memory on the host and the device).
-SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n) {
-    return xxh3_64((const uint8_t*)mu, 4 * n, (const uint8_t*)codes, 2 * n);
+SPECKV_HD uint64_t chunk_fingerprint(const float* mu, const int16_t* codes, uint64_t n, const uint64_t* sums) {
+    return xxh3_64((const uint8_t*)mu, 4 * n, (const uint8_t*)codes, 2 * n, sums);
 }
 
 }  // namespace speckv

@@ -200,21 +200,40 @@ SPECKV_HD void scramble(uint64_t acc[8]) {
     }
 }
 
-// xxh3.rs: xxh3_64_long_impl and hash_long_internal_loop (more than 240 bytes)
-SPECKV_HD uint64_t hash_long(const Input& in) {
+// A long input's full blocks (of STRIPES_PER_BLOCK stripes), each ended by a scramble;
+// the stripes after the last one are the tail.
+constexpr uint32_t STRIPES_PER_BLOCK = (SECRET_SIZE - STRIPE_LEN) / SECRET_CONSUME_RATE;
+constexpr uint64_t BLOCK_LEN = (uint64_t)STRIPE_LEN * STRIPES_PER_BLOCK;
+
+// Full blocks of an input of `len` bytes (none where the input is not long).
+SPECKV_HD uint64_t long_blocks(uint64_t len) { return len > 240 ? (len - 1) / BLOCK_LEN : 0; }
+
+// What block `b`'s stripes add to the accumulators. accumulate_512 only adds (mod 2^64), so
+// the block's additions summed apart, in any order, then added to the accumulators before the
+// block's scramble give the same accumulators as adding them one stripe at a time: the blocks
+// of an input are summed in parallel (speckv_fingerprint_blocks) and only the scrambles chain.
+SPECKV_HD void block_sums(const Input& in, uint64_t b, uint64_t sums[8]) {
+    for (uint32_t i = 0; i < 8; ++i) sums[i] = 0;
+    for (uint32_t s = 0; s < STRIPES_PER_BLOCK; ++s)
+        accumulate_512(sums, in, b * BLOCK_LEN + (uint64_t)s * STRIPE_LEN, s * SECRET_CONSUME_RATE);
+}
+
+// xxh3.rs: xxh3_64_long_impl and hash_long_internal_loop (more than 240 bytes). `sums`: each
+// full block's block_sums, 8 a block, computed beforehand; nullptr computes them here.
+SPECKV_HD uint64_t hash_long(const Input& in, const uint64_t* sums) {
     const uint64_t len = in.len;
     uint64_t acc[8] = {PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1};
-    const uint32_t stripes_per_block = (SECRET_SIZE - STRIPE_LEN) / SECRET_CONSUME_RATE;
-    const uint64_t block_len = (uint64_t)STRIPE_LEN * stripes_per_block;
-    const uint64_t blocks = (len - 1) / block_len;
+    const uint64_t blocks = long_blocks(len);
     for (uint64_t b = 0; b < blocks; ++b) {
-        for (uint32_t s = 0; s < stripes_per_block; ++s)
-            accumulate_512(acc, in, b * block_len + (uint64_t)s * STRIPE_LEN, s * SECRET_CONSUME_RATE);
+        uint64_t own[8];
+        const uint64_t* add = sums != nullptr ? sums + 8 * b : own;
+        if (sums == nullptr) block_sums(in, b, own);
+        for (uint32_t i = 0; i < 8; ++i) acc[i] += add[i];
         scramble(acc);
     }
-    const uint32_t stripes = (uint32_t)(((len - 1) - block_len * blocks) / STRIPE_LEN);
+    const uint32_t stripes = (uint32_t)(((len - 1) - BLOCK_LEN * blocks) / STRIPE_LEN);
     for (uint32_t s = 0; s < stripes; ++s)
-        accumulate_512(acc, in, blocks * block_len + (uint64_t)s * STRIPE_LEN, s * SECRET_CONSUME_RATE);
+        accumulate_512(acc, in, blocks * BLOCK_LEN + (uint64_t)s * STRIPE_LEN, s * SECRET_CONSUME_RATE);
     accumulate_512(acc, in, len - STRIPE_LEN, SECRET_SIZE - STRIPE_LEN - SECRET_LASTACC_START);
     uint64_t result = len * PRIME64_1;
     for (uint32_t i = 0; i < 4; ++i) {
@@ -227,13 +246,15 @@ SPECKV_HD uint64_t hash_long(const Input& in) {
 }  // namespace xxh3
 
 // XXH3-64 of `a` (na bytes) followed by `b` (nb bytes): what xxhash-rust's streaming Xxh3
-// digests after update(a), update(b).
-SPECKV_HD uint64_t xxh3_64(const uint8_t* a, uint64_t na, const uint8_t* b, uint64_t nb) {
+// digests after update(a), update(b). `sums`: the input's xxh3::block_sums, 8 for each of its
+// xxh3::long_blocks, or nullptr to compute them here.
+SPECKV_HD uint64_t xxh3_64(const uint8_t* a, uint64_t na, const uint8_t* b, uint64_t nb,
+                           const uint64_t* sums = nullptr) {
     const xxh3::Input in{a, na, b, na + nb};
     if (in.len <= 16) return xxh3::hash_0to16(in);
     if (in.len <= 128) return xxh3::hash_17to128(in);
     if (in.len <= 240) return xxh3::hash_129to240(in);
-    return xxh3::hash_long(in);
+    return xxh3::hash_long(in, sums);
 }
 
 }  // namespace speckv

@@ -64,7 +64,8 @@ class HostModule(speckv.cuda.module._Module):
             "speckv_escapes": [tables, p, p, p, p, u64],
             "speckv_code_lanes": [tables, p, p, p, u64, u64, p, u32, p, u32, p, u64],
             "speckv_payload_lengths": [p, p, u64],
-            "speckv_fingerprints": [p, p, u64, u64, p, u64],
+            "speckv_fingerprint_blocks": [p, p, u64, u64, u64, p, u64],
+            "speckv_fingerprints": [p, p, u64, u64, u64, p, p, u64],
             "speckv_join_lanes": [p, u32, p, p, p, u64],
             "speckv_channel_sums": [p, p, p, p, ctypes.c_double, u64, u64, u64, u64, u64, p, u64],
         }

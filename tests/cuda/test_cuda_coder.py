@@ -88,7 +88,8 @@ def _want(x: np.ndarray, mu: np.ndarray, codes: np.ndarray, chunk: int) -> bytes
 @pytest.mark.parametrize("name", sorted(DTYPES))
 def test_host_build_writes_the_rust_encoders_bytes(host_gpu, name):
     x, mu, codes = _case(name, 20_000, seed=sorted(DTYPES).index(name))
-    for chunk in (1, 2, 3, 7, 8, 9, 21, 22, 40, 41, 64, 1000, 4096, 20_000, 1 << 17):
+    # 3330: whole chunks summed in blocks (speckv_fingerprint_blocks), the last one short (20)
+    for chunk in (1, 2, 3, 7, 8, 9, 21, 22, 40, 41, 64, 1000, 3330, 4096, 20_000, 1 << 17):
         got = _host_encode(x, mu, codes, chunk)
         assert got == _want(x, mu, codes, chunk), f"{name}, chunks of {chunk}"
     steps = [launch[:2] for launch in host_gpu.launches[:6]]
@@ -98,9 +99,11 @@ def test_host_build_writes_the_rust_encoders_bytes(host_gpu, name):
         ("speckv_escapes", chunks),
         ("speckv_code_lanes", 8 * chunks),  # eight threads a chunk
         ("speckv_payload_lengths", chunks),
-        ("speckv_fingerprints", chunks),
-        ("speckv_join_lanes", chunks),
+        ("speckv_fingerprints", chunks),  # chunks of one scalar: no blocks to sum first
+        ("speckv_join_lanes", 8 * chunks * speckv.cuda.coder.lane_capacity(1)),  # a thread a lane word
     ]
+    # chunks of 3330 scalars (19,980 bytes hashed), seven of them: 19 blocks a chunk summed first
+    assert ("speckv_fingerprint_blocks", 7 * 19) in [launch[:2] for launch in host_gpu.launches]
     back = speckv.decode(got, mu, sigma_codes=codes)
     torch = pytest.importorskip("torch")
     words = back.view(torch.uint8 if back.element_size() == 1 else torch.int16)

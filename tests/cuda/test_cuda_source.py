@@ -310,6 +310,7 @@ def test_the_codec_checks_its_device_argument():
 def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     """The CUDA module codes a cache and prediction on the GPU (with the joint model or
     without) into the bytes the same on the host give, which a CPU-only decoder restores."""
+    from speckv.codec.block_layout import LAYERS_PER_CHUNK
     from speckv.hf import Fp8Predictor, SpeculativeCodec, extract_kv
     from speckv.models.cache import other_kernels
     from tiny_models import assert_same, ids, tiny_model
@@ -320,7 +321,8 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     prompt = ids(48, 21)
     cache = other_kernels(model, prompt)
     pred = codec.predictor.predict(prompt)
-    on_host = codec.compress_predicted(cache, prompt, pred, mode)
+    # the GPU coder codes the exact model (16-bit caches default to the bins model)
+    on_host = codec.compress_predicted(cache, prompt, pred, mode, model="exact")
     gpu = [(k.cuda(), v.cuda()) for k, v in cache]
     gpu_pred = [(k.cuda(), v.cuda()) for k, v in pred]
     coded = []
@@ -328,9 +330,18 @@ def test_a_cache_on_the_gpu_codes_to_the_cpu_bytes(mode, joint, monkeypatch):
     monkeypatch.setattr(speckv.cuda, "encode_joint", lambda *a, **k: coded.append(1) or encode(*a, **k))
     for device in (None, "cuda", "cpu"):
         codec.device = device
-        assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == on_host
-    # the GPU coder ran for K and V of each block with devices None and "cuda"
-    assert len(coded) == 2 * 2 * len(codec.read_header(on_host).blocks)
+        assert codec.compress_predicted(gpu, prompt, gpu_pred, mode, model="exact") == on_host
+    # the GPU coder ran for K and V of each block, a group of layers (whole chunks) at a time,
+    # with devices None and "cuda"
+    groups = -(-model.config.num_hidden_layers // LAYERS_PER_CHUNK)
+    calls = 2 * groups * len(codec.read_header(on_host).blocks)
+    assert len(coded) == 2 * calls
+    # the default model: the bins model codes a 16-bit cache on the host (the GPU coder codes
+    # the exact model only), fp8 the exact model on the GPU; the host's bytes either way
+    coded.clear()
+    codec.device = None
+    assert codec.compress_predicted(gpu, prompt, gpu_pred, mode) == codec.compress_predicted(cache, prompt, pred, mode)
+    assert len(coded) == (0 if mode == "bf16" else calls)
     assert ("joint" in speckv.info(on_host)["metadata"]) == joint
     codec.device = None
     assert_same(codec, mode, cache, extract_kv(codec.decompress(on_host, prompt, dequantize=False)))

@@ -91,6 +91,13 @@ def exact_tables(dtype_name: str, nodes: int, edges: int, sigmas: int) -> ExactT
     )
 
 
+def fingerprint_blocks(chunk: int) -> int:
+    """Full XXH3 blocks of a chunk's fingerprint input, 6 bytes a scalar (``speckv_coder.cuh``:
+    fingerprint_blocks)."""
+    length = 6 * chunk
+    return (length - 1) // 1024 if length > 240 else 0
+
+
 def lane_capacity(scalars: int) -> int:
     """Words a lane of ``scalars`` scalars may write (``speckv_coder.cuh``: lane_capacity)."""
     return (scalars * 73 + 31) // 32 + 2
@@ -224,6 +231,7 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         runs = torch.from_numpy(run).to(x.device)
         joint_args = (c, t, e, np.zeros(0, np.float32), coef.reshape(-1), offset.reshape(-1))
     capacity = lane_capacity(-(-chunk // 8))
+    per_chunk = fingerprint_blocks(chunk)
     lengths = torch.empty(chunks, dtype=torch.int32, device=x.device)
     fingerprints = torch.empty(chunks, dtype=torch.int64, device=x.device)
     payloads = []
@@ -257,14 +265,21 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         module.launch(
             "speckv_payload_lengths", k, [_ptr(lane_bytes), _ptr(part), np.array(k, u64)], stream, CHUNK_BLOCK
         )
-        args = [_ptr(ms), _ptr(cs), np.array(stop - start, u64), np.array(chunk, u64)]
-        args += [_ptr(fingerprints[first:last]), np.array(k, u64)]
+        # the fingerprints: a long chunk's 1 KiB blocks summed apart, then their scrambles
+        # chained a chunk at a time (speckv_xxh3.cuh: block_sums)
+        span = [_ptr(ms), _ptr(cs), np.array(stop - start, u64), np.array(chunk, u64), np.array(per_chunk, u64)]
+        sums = torch.empty(max(1, k * per_chunk * 8), dtype=torch.int64, device=x.device)
+        if per_chunk:
+            args = [*span, _ptr(sums), np.array(k * per_chunk, u64)]
+            module.launch("speckv_fingerprint_blocks", k * per_chunk, args, stream)
+        args = [*span, _ptr(sums), _ptr(fingerprints[first:last]), np.array(k, u64)]
         module.launch("speckv_fingerprints", k, args, stream, CHUNK_BLOCK)
         sizes = part.to(torch.int64)
         offsets = torch.cumsum(sizes, 0) - sizes
         out = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=x.device)
+        # a thread a lane word (most of the capacity is never written: those return at once)
         args = [_ptr(lane_words), np.array(capacity, u32), _ptr(lane_bytes), _ptr(offsets), _ptr(out)]
-        module.launch("speckv_join_lanes", k, [*args, np.array(k, u64)], stream, CHUNK_BLOCK)
+        module.launch("speckv_join_lanes", 8 * k * capacity, [*args, np.array(8 * k * capacity, u64)], stream)
         payloads.append(out.cpu())
     payload = torch.cat(payloads).numpy() if payloads else np.zeros(0, np.uint8)
     chunks = (payload, lengths.cpu().numpy().view(np.uint32), fingerprints.cpu().numpy().view(np.uint64))

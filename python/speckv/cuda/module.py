@@ -77,6 +77,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
         "speckv_escapes",
         "speckv_code_lanes",
         "speckv_payload_lengths",
+        "speckv_fingerprint_blocks",
         "speckv_fingerprints",
         "speckv_join_lanes",
     ),
