@@ -150,10 +150,12 @@ def test_a_budget_the_raw_tier_thrashes_in_holds_every_compressed_document(engin
 
 
 def test_a_request_waits_for_the_save_of_its_prefix_still_on_its_way(engine, workload, tmp_path):
-    """Each document asked for twice in a row, while every save takes a second longer than
-    usual (the saver behind the requests, for certain): the repeat finds nothing stored yet,
-    waits for the save on its way (the scheduler's ``save_wait_s``) and is served its whole
-    document from the tier, its output the one computed without a connector."""
+    """Each document asked for twice in a row, while every save takes three seconds longer
+    than usual (the saver behind the requests, for certain: a request takes about a second on
+    two slow cores, and with a one-second delay a save sometimes landed before its repeat
+    came): the repeat finds nothing stored yet, waits for the save on its way (the scheduler's
+    ``save_wait_s``) and is served its whole document from the tier, its output the one
+    computed without a connector."""
 
     load, none = workload
     docs = load["requests"][:3]
@@ -163,8 +165,8 @@ def test_a_request_waits_for_the_save_of_its_prefix_still_on_its_way(engine, wor
         "speckv-slow-save",
         "memory",
         workload={**load, "requests": requests},
-        save_delay_s=1.0,
-        extra={"predictor": "none", "stats_file": str(stats), "save_wait_s": 5.0},
+        save_delay_s=3.0,
+        extra={"predictor": "none", "stats_file": str(stats), "save_wait_s": 10.0},
     )
     worker, scheduler = json.loads(stats.read_text()), json.loads(stats.with_suffix(".scheduler.json").read_text())
     assert _served(run, worker) == [0, 2 * BLOCK] * 3
