@@ -36,7 +36,7 @@ use std::sync::OnceLock;
 
 use crate::dtype::DType;
 use crate::error::{invalid, Result};
-use crate::hash::plain_bytes;
+use crate::hash::{plain_bytes, Hasher};
 use crate::words::Word;
 
 /// A joint residual model for a stream of whole layers (see the module's notes).
@@ -113,18 +113,14 @@ impl<'a> Joint<'a> {
     /// fingerprint: a decoder given other parameters is refused before it decodes. The outside
     /// residuals are not in it: they come from data that is itself checked.
     pub fn digest(&self, layer: usize) -> u64 {
-        let mut layout = [0u8; 24];
-        for (k, v) in [self.channels, self.tokens, self.outside_channels].into_iter().enumerate() {
-            layout[8 * k..8 * k + 8].copy_from_slice(&(v as u64).to_le_bytes());
+        let mut h = Hasher::new();
+        for v in [self.channels, self.tokens, self.outside_channels] {
+            h.update(&(v as u64).to_le_bytes());
         }
         let rows = self.channels * self.width();
-        // XXH3 of the layout, the coefficients then the offsets (`crate::xxh3`'s vector
-        // kernels: a values stream's layer holds 6 bytes of coefficients a scalar)
-        crate::xxh3::parts(&[
-            &layout,
-            plain_bytes(&self.coef[layer * rows..(layer + 1) * rows]),
-            plain_bytes(&self.offset[layer * self.channels..(layer + 1) * self.channels]),
-        ])
+        h.update(plain_bytes(&self.coef[layer * rows..(layer + 1) * rows]));
+        h.update(plain_bytes(&self.offset[layer * self.channels..(layer + 1) * self.channels]));
+        h.finish()
     }
 
     /// `mu'` of channel `i` of `layer` (invariant J1): `mu` is the channel's run of `T`
@@ -602,28 +598,5 @@ mod tests {
         assert!(joint.check(6, 4).is_err());
         assert!(Joint { coef: &[0.0; 5], ..joint }.check(6, 6).is_err());
         assert_ne!(joint.digest(0), Joint { offset: &[0.125, -0.0], ..joint }.digest(0));
-    }
-
-    /// The digest is the streaming XXH3 of the layout words, a layer's coefficients and its
-    /// offsets, as streams have always recorded it (their fingerprints hold it), for layers
-    /// long enough to take `crate::xxh3`'s vector path.
-    #[test]
-    fn the_digest_is_the_streaming_hash_of_a_layers_parameters() {
-        let (c, t, e) = (12usize, 5usize, 3usize);
-        let coef: Vec<f32> = (0..2 * c * (e + c)).map(|k| k as f32 * 0.01 - 1.0).collect();
-        let offset: Vec<f32> = (0..2 * c).map(|k| k as f32).collect();
-        let outside = vec![0.0; 2 * e * t];
-        let joint =
-            Joint { channels: c, tokens: t, outside_channels: e, outside: &outside, coef: &coef, offset: &offset };
-        for layer in 0..2 {
-            let mut h = crate::hash::Hasher::new();
-            for v in [c, t, e] {
-                h.update(&(v as u64).to_le_bytes());
-            }
-            let rows = c * (e + c);
-            h.update(plain_bytes(&coef[layer * rows..(layer + 1) * rows]));
-            h.update(plain_bytes(&offset[layer * c..(layer + 1) * c]));
-            assert_eq!(joint.digest(layer), h.finish());
-        }
     }
 }
