@@ -25,10 +25,9 @@ impl Hasher {
     }
 }
 
-/// One-shot XXH3-64 of a byte string (`crate::xxh3`'s vector kernels: every chunk a decoder
-/// reads is checksummed).
+/// One-shot XXH3-64 of a byte string.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    crate::xxh3::one(bytes)
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// XXH3-64 of `bytes` seeded with the XXH3-64 of `key`: the checksum of a store entry

@@ -36,7 +36,6 @@ pub mod stats;
 mod test_env;
 pub mod token_scale;
 pub mod words;
-pub mod xxh3;
 
 pub use chunk::ModelKind;
 pub use codec::{

@@ -6,7 +6,7 @@
 //! just before each symbol (DESIGN §7) slots in here.
 
 use crate::error::{invalid, Result};
-use crate::hash::plain_bytes;
+use crate::hash::{plain_bytes, Hasher};
 
 /// Most dimensions a tensor may have.
 pub const MAX_NDIM: usize = 8;
@@ -203,9 +203,10 @@ pub(crate) fn codes_and_fingerprint(mu: &[f32], sigma: &SigmaCodes, start: usize
     codes.clear();
     codes.resize(mu.len(), 0);
     sigma.cursor(start).fill(codes);
-    // XXH3 of mu's bytes then the codes' (what a streaming `Hasher` gives after the two),
-    // with the vector kernels: 6 bytes a scalar of every chunk coded or decoded
-    crate::xxh3::pair(plain_bytes(mu), plain_bytes(codes))
+    let mut hasher = Hasher::new();
+    hasher.update(plain_bytes(mu));
+    hasher.update(plain_bytes(codes));
+    hasher.finish()
 }
 
 #[cfg(test)]
