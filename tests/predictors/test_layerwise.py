@@ -259,6 +259,33 @@ def test_maps_on_their_sources_are_the_maps_on_torch_built_features():
     assert torch.equal(part.unrope(k), ropes.of(0).unrope(observed[1, 0])[:, :, 8:20])
 
 
+def test_map_outputs_become_heads_with_the_bits_of_torchs_rope():
+    """``map_sources.heads_of`` (the core reorders a map's outputs by head and applies a key's
+    RoPE, invariant R2) gives ``Rope.rope`` of the torch-reordered columns bit for bit: two
+    batch entries, a token range's tables, values without a rotation, a column view,
+    infinities and NaN, signed zeros; and refuses a layout its outputs do not hold."""
+    from speckv.predictors.map_sources import heads_of
+    from speckv.predictors.rope import Ropes
+
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(5)
+    ropes = Ropes(model, 24, 16)
+    for rope in (ropes.of(0), ropes.tokens(4, 24).of(0), None):
+        rows = 24 if rope is None or rope.cos is None else rope.cos.shape[2]
+        shape = (2, 3, rows, 16)
+        y = torch.randn(2 * rows, 3 * 16 + 8, generator=g) * 50
+        y[1, 5], y[7, 20], y[9, 0], y[11, 40] = float("inf"), float("nan"), -0.0, float("-inf")
+        torch_made = y[:, :48].reshape(2, rows, 3, 16).permute(0, 2, 1, 3).contiguous()
+        if rope is not None:
+            torch_made = rope.rope(torch_made)
+        got = heads_of(y, shape, rope)
+        assert got.shape == shape
+        assert torch.equal(got.view(torch.int32), torch_made.view(torch.int32))
+        assert torch.equal(heads_of(y[:, :48], shape, rope).view(torch.int32), got.view(torch.int32))
+    with pytest.raises(speckv.SpeckvError, match="map heads"):
+        heads_of(torch.zeros(10, 48), (2, 3, 4, 16))
+
+
 def test_ridge_recovers_a_linear_map():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(6, 3, generator=g)

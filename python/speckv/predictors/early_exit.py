@@ -55,8 +55,8 @@ from .map_sources import (
     _hidden_source,
     _missing,
     _sources,
-    _untokens,
     apply_to_sources,
+    heads_of,
 )
 from .prefix_pass import PrefixState, run_prefix
 from .prefix_run import _PrefixRun
@@ -271,12 +271,14 @@ class ModelPrefixPredictor:
                 y = apply_to_sources(both, observed, self._sources(layer, 0), ropes, rows, threads)
                 scratch[layer] = y[:, width:]
                 if which == 0:
-                    k = self._fallback_predict(layer, 0, observed, ropes, shape, y[:, :width], features, threads)
-                    return ropes.of(layer).rope(_untokens(k, shape))
+                    head = y[:, :width]
+                    k = self._fallback_predict(layer, 0, observed, ropes, shape, head, features, threads)
+                    # the outputs as they came where no fallback replaced rows: no copy of K's columns
+                    return heads_of(y if k is head else k, shape, ropes.of(layer))
             partial = scratch.pop(layer)
             # one correctly rounded addition per scalar: the same bits everywhere
             y = partial + apply_to_sources(own, observed, [(layer, 0)], ropes, rows, threads)
-            return _untokens(self._fallback_predict(layer, 1, observed, ropes, shape, y, features, threads), shape)
+            return heads_of(self._fallback_predict(layer, 1, observed, ropes, shape, y, features, threads), shape)
 
     def _fallback_predict(
         self,

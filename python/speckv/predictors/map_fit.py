@@ -10,7 +10,7 @@ import torch
 
 from ..models.cache import KV
 from .linear_map import feature_shifts, first_rows, ridge_fit, rows_after
-from .map_sources import HIDDEN, _features, _missing, _tokens, _untokens
+from .map_sources import HIDDEN, _features, _missing, _tokens, heads_of
 from .rope import Ropes
 
 FOLDS = 4
@@ -91,6 +91,6 @@ def fit_maps(
                             x_f = first_rows(fx[v][p], shapes[p][0], miss[p])
                             y[:, : miss[p]] = torch.addmm(fb_f, x_f, fw_f).reshape(shapes[p][0], miss[p], -1)
                             y = y.reshape(-1, y.shape[-1])
-                        y = _untokens(y, shapes[p])
-                        oof[v][p][layer, which] = ropes[p].of(layer).rope(y) if which == 0 else y
+                        rope = ropes[p].of(layer) if which == 0 else None
+                        oof[v][p][layer, which] = heads_of(y.float(), shapes[p], rope)
     return maps, oof

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .. import _speckv
-from .rope import Ropes
+from .rope import Rope, Ropes
 
 HISTORY = 2
 # The maps' name for that hidden state among their sources (``[batch, 1, tokens, hidden]``).
@@ -26,9 +26,16 @@ def _tokens(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 2, 1, 3).reshape(b * s, h * d)
 
 
-def _untokens(x: torch.Tensor, like: tuple[int, ...]) -> torch.Tensor:
-    b, h, s, d = like
-    return x.reshape(b, s, h, d).permute(0, 2, 1, 3).contiguous()
+def heads_of(y: torch.Tensor, shape: tuple[int, ...], rope: Rope | None = None) -> torch.Tensor:
+    """The first ``heads * dim`` columns of a map's outputs ``y`` (``[batch * rows, outputs]``,
+    float32) as a cache layer of ``shape`` (``[batch, heads, rows, dim]``), with ``rope``'s
+    rotation applied (a key's): the bits of ``rope.rope(...)`` of those columns reordered by head
+    (the core's invariant R2) in one core call instead of five torch operations per layer."""
+    b, h, s, d = shape
+    y = y.contiguous()
+    tables = rope.tables(s) if rope is not None else None
+    out = _speckv.map_heads(y.reshape(-1).numpy(), y.shape[1], 0, (b, h, s, d), tables)
+    return torch.from_numpy(out).reshape(shape)
 
 
 def _sources(layer: int, which: int, hidden: bool = False) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ use codec::{assemble_predicted, decode, decode_into, decode_many, encode, ideal_
 use container::{container_info, container_write, entry_checksum, stream_cut, stream_join};
 use errors::{ChecksumError, CorruptStreamError, PredictionMismatchError, SpeckvError, UnsupportedStreamError};
 use kernel_info::{cuda_sources, fast_lane_kernel, kernel_report, kernels};
-use maps::{map_kernel, PyLinearMap};
+use maps::{map_heads, map_kernel, PyLinearMap};
 use params::{channel_sums, exact_tables, relative_sigma_codes, residuals, sigma_codes};
 
 #[pymodule]
@@ -42,6 +42,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exact_tables, m)?)?;
     m.add_function(wrap_pyfunction!(assemble_predicted, m)?)?;
     m.add_function(wrap_pyfunction!(channel_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(map_heads, m)?)?;
     m.add_function(wrap_pyfunction!(map_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(fast_lane_kernel, m)?)?;
     m.add("FAST_LANE_CHUNK_SCALARS", speckv::fast_lane::CHUNK_SCALARS)?;

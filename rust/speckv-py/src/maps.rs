@@ -123,6 +123,35 @@ type SourceArgs<'py> = (
     Option<PyReadonlyArray1<'py, f32>>,
 );
 
+/// Columns `col..col + heads * dim` of a map's outputs `y` (`batch x rows` rows of `stride`,
+/// flat float32) as a cache layer of `shape` (`batch, heads, rows, dim`), flat float32, with
+/// the rotation `rope` (`cos, sin`, each `rows x dim`) applied (the core's
+/// `linear_map::heads`, invariant R2).
+#[pyfunction]
+#[pyo3(signature = (y, stride, col, shape, rope=None))]
+pub(crate) fn map_heads<'py>(
+    py: Python<'py>,
+    y: PyReadonlyArray1<'py, f32>,
+    stride: usize,
+    col: usize,
+    shape: (usize, usize, usize, usize),
+    rope: Option<(PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>)>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let contiguous = || PyValueError::new_err("map heads: arrays must be contiguous");
+    let tables = match &rope {
+        Some((c, s)) => Some((c.as_slice().map_err(|_| contiguous())?, s.as_slice().map_err(|_| contiguous())?)),
+        None => None,
+    };
+    let y = y.as_slice().map_err(|_| contiguous())?;
+    let (batch, heads, rows, dim) = shape;
+    let layer = speckv::linear_map::Heads { stride, col, batch, rows, heads, dim, rope: tables };
+    // sized once the layout has been checked against `y`: the layer fits in it
+    layer.check(y).map_err(to_py)?;
+    let mut out = vec![0f32; layer.floats()];
+    py.allow_threads(|| layer.write(y, &mut out));
+    Ok(PyArray1::from_vec(py, out))
+}
+
 /// Which kernel computes the linear maps here: "amx-int8", "avx512-vnni", "avx512", "avx2" or "portable"
 /// (the same sums either way).
 #[pyfunction]

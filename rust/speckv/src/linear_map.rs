@@ -31,8 +31,10 @@ use crate::parallel::for_each_piece_mut;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
+mod heads;
 mod sources;
 
+pub use heads::Heads;
 pub use sources::Source;
 
 /// Checks `sources` for a map of `features` inputs over `batch` entries (what
