@@ -72,6 +72,11 @@ def block_of(targets: list[Target], start: int, stop: int, joint: bool) -> Targe
 def stack(targets: list[Target]) -> Target:
     """Per-layer targets stacked along a new leading layer dimension (codes per scalar where
     any layer's are)."""
+    if len(targets) == 1:
+        # views, not copies: a walk's step decodes one layer (the coder reads them contiguous
+        # or copies them itself)
+        x, mu, codes = targets[0]
+        return Target(None if x is None else x[None], mu[None], codes[None])
     xs = [t.x for t in targets]
     x = torch.stack(xs) if xs[0] is not None else None  # type: ignore[arg-type]
     mu = torch.stack([t.mu for t in targets])
