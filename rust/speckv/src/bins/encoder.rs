@@ -58,13 +58,17 @@ impl Encoder {
     pub fn finish(self) -> Vec<u8> {
         let r = self.tables.revision;
         let mut state = vec![LOW; r.states];
+        // `j mod S` as a mask: S is a power of two (`Revision::states`), and a division per
+        // scalar was a sixth of this loop
+        debug_assert!(r.states.is_power_of_two());
+        let lane = r.states - 1;
         let mut words: Vec<u16> = Vec::with_capacity(self.steps.len() + 1);
         for (j, &step) in self.steps.iter().enumerate().rev() {
             if step == NO_STEP {
                 continue;
             }
             let code = self.tables.coding[step as usize];
-            let s = &mut state[j % r.states];
+            let s = &mut state[j & lane];
             if *s >= code.limit {
                 words.push(*s as u16);
                 *s >>= 16;
