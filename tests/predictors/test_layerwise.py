@@ -8,6 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import numpy as np  # noqa: E402
+
 import speckv  # noqa: E402
 from helpers import record_calls  # noqa: E402
 from speckv.hf import Calibration, ModelPrefixPredictor, SpeculativeCodec, extract_kv  # noqa: E402
@@ -284,6 +286,18 @@ def test_map_outputs_become_heads_with_the_bits_of_torchs_rope():
         assert torch.equal(heads_of(y[:, :48], shape, rope).view(torch.int32), got.view(torch.int32))
     with pytest.raises(speckv.SpeckvError, match="map heads"):
         heads_of(torch.zeros(10, 48), (2, 3, 4, 16))
+    # the core's checks, before it sizes anything from the shape
+    from speckv import _speckv
+
+    y = np.zeros(48, np.float32)
+    with pytest.raises(speckv.SpeckvError, match="map heads"):
+        _speckv.map_heads(y, 16, 0, (2**62, 2**62, 2, 2))
+    with pytest.raises(speckv.SpeckvError, match="rotary tables"):
+        _speckv.map_heads(y, 16, 0, (1, 1, 3, 16), (np.ones(47, np.float32), np.ones(48, np.float32)))
+    with pytest.raises(speckv.SpeckvError, match="rotary tables"):
+        _speckv.map_heads(np.zeros(45, np.float32), 15, 0, (1, 1, 3, 15), (np.ones(45, np.float32),) * 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        _speckv.map_heads(np.zeros(96, np.float32)[::2], 16, 0, (1, 1, 3, 16))
 
 
 def test_ridge_recovers_a_linear_map():
