@@ -296,6 +296,8 @@ def test_map_outputs_become_heads_with_the_bits_of_torchs_rope():
         _speckv.map_heads(y, 16, 0, (1, 1, 3, 16), (np.ones(47, np.float32), np.ones(48, np.float32)))
     with pytest.raises(speckv.SpeckvError, match="rotary tables"):
         _speckv.map_heads(np.zeros(45, np.float32), 15, 0, (1, 1, 3, 15), (np.ones(45, np.float32),) * 2)
+    with pytest.raises(speckv.SpeckvError, match="rotary tables"):
+        _speckv.map_heads(np.zeros(0, np.float32), 16, 0, (0, 1, 2**62, 16), (np.ones(4, np.float32),) * 2)
     with pytest.raises(ValueError, match="contiguous"):
         _speckv.map_heads(np.zeros(96, np.float32)[::2], 16, 0, (1, 1, 3, 16))
 

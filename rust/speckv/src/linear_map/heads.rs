@@ -54,7 +54,11 @@ impl Heads<'_> {
             ));
         }
         if let Some((cos, sin)) = self.rope {
-            if !self.dim.is_multiple_of(2) || cos.len() != self.rows * self.dim || sin.len() != cos.len() {
+            // `rows * dim` checked: with no batch entries, `rows` is not bounded by `y`
+            if !self.dim.is_multiple_of(2)
+                || self.rows.checked_mul(self.dim) != Some(cos.len())
+                || sin.len() != cos.len()
+            {
                 return invalid(format!(
                     "map heads: rotary tables of {} and {} values for {} rows x {} (an even dim)",
                     cos.len(),
@@ -151,5 +155,8 @@ mod tests {
         assert!(odd.check(&[0.0; 3]).is_err(), "an odd dim has no halves to rotate");
         assert!(Heads { col: usize::MAX, ..ok }.check(&y).is_err(), "no overflow");
         assert!(Heads { rows: usize::MAX, ..ok }.check(&y).is_err(), "no overflow");
+        let none = Heads { batch: 0, rows: usize::MAX / 2, rope: Some((&[1.0; 4], &[0.0; 4])), ..ok };
+        assert!(none.check(&[]).is_err(), "tables checked without overflow where no entry bounds the rows");
+        assert_eq!(Heads { rope: None, ..none }.floats(), 0);
     }
 }
