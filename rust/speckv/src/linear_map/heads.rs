@@ -18,6 +18,7 @@
 //! (negation is exact; Rust never fuses the multiplies into the addition), and without tables
 //! `k[c] = u[c]`.
 
+use super::sources::rotate;
 use crate::error::{invalid, Result};
 
 /// Where a layer sits in a map's outputs and how it is laid out (see the module's notes).
@@ -81,7 +82,7 @@ impl Heads<'_> {
             let u = &y[(b * rows + t) * self.stride + self.col + h * d..][..d];
             match self.rope {
                 None => dst.copy_from_slice(u),
-                Some((cos, sin)) => rope(u, &cos[t * d..][..d], &sin[t * d..][..d], dst),
+                Some((cos, sin)) => rotate::<false>(u, &cos[t * d..][..d], &sin[t * d..][..d], dst),
             }
         }
     }
@@ -89,21 +90,6 @@ impl Heads<'_> {
     /// Floats of the layer: `batch x heads x rows x dim`.
     pub fn floats(&self) -> usize {
         self.batch * self.heads * self.rows * self.dim
-    }
-}
-
-/// Invariant R2 for one head's `dim` values.
-#[inline]
-fn rope(u: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
-    let h = u.len() / 2;
-    let (lo, hi) = u.split_at(h);
-    let (out_lo, out_hi) = out.split_at_mut(h);
-    let ((cos_lo, cos_hi), (sin_lo, sin_hi)) = (cos.split_at(h), sin.split_at(h));
-    for ((((o, &l), &r), &c), &s) in out_lo.iter_mut().zip(lo).zip(hi).zip(cos_lo).zip(sin_lo) {
-        *o = l * c + (-r) * s;
-    }
-    for ((((o, &l), &r), &c), &s) in out_hi.iter_mut().zip(lo).zip(hi).zip(cos_hi).zip(sin_hi) {
-        *o = r * c + l * s;
     }
 }
 

@@ -101,25 +101,29 @@ pub(super) fn gather(sources: &[Source], rows: usize, first: usize, n: usize, ou
                 let x = &s.data[((b * s.heads + head) * s.tokens + token) * s.dim..][..s.dim];
                 match s.rope {
                     None => dst.copy_from_slice(x),
-                    Some((cos, sin)) => unrope(x, &cos[token * s.dim..][..s.dim], &sin[token * s.dim..][..s.dim], dst),
+                    Some((cos, sin)) => {
+                        rotate::<true>(x, &cos[token * s.dim..][..s.dim], &sin[token * s.dim..][..s.dim], dst)
+                    }
                 }
             }
         }
     }
 }
 
-/// Invariant R1 for one head's `dim` values.
+/// Invariant R1 for one head's `dim` values (`UNDO`), or R2 (`heads`), which applies the
+/// rotation with the same operations but an addition: `x * cos -/+ half * sin`.
 #[inline]
-fn unrope(x: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
+pub(super) fn rotate<const UNDO: bool>(x: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
     let h = x.len() / 2;
     let (lo, hi) = x.split_at(h);
     let (out_lo, out_hi) = out.split_at_mut(h);
     let ((cos_lo, cos_hi), (sin_lo, sin_hi)) = (cos.split_at(h), sin.split_at(h));
+    let turn = |a: f32, b: f32| if UNDO { a - b } else { a + b };
     for ((((o, &l), &r), &c), &s) in out_lo.iter_mut().zip(lo).zip(hi).zip(cos_lo).zip(sin_lo) {
-        *o = l * c - (-r) * s;
+        *o = turn(l * c, (-r) * s);
     }
     for ((((o, &l), &r), &c), &s) in out_hi.iter_mut().zip(lo).zip(hi).zip(cos_hi).zip(sin_hi) {
-        *o = r * c - l * s;
+        *o = turn(r * c, l * s);
     }
 }
 
