@@ -145,10 +145,14 @@ pub(crate) fn map_heads<'py>(
     let y = y.as_slice().map_err(|_| contiguous())?;
     let (batch, heads, rows, dim) = shape;
     let layer = speckv::linear_map::Heads { stride, col, batch, rows, heads, dim, rope: tables };
-    // sized once the layout has been checked against `y`: the layer fits in it
+    // sized once the layout has been checked against `y` (the layer fits in it), and made
+    // without the GIL like the rest: the other walk's thread may want it meanwhile
     layer.check(y).map_err(to_py)?;
-    let mut out = vec![0f32; layer.floats()];
-    py.allow_threads(|| layer.write(y, &mut out));
+    let out = py.allow_threads(|| {
+        let mut out = vec![0f32; layer.floats()];
+        layer.write(y, &mut out);
+        out
+    });
     Ok(PyArray1::from_vec(py, out))
 }
 
