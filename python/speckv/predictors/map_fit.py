@@ -92,5 +92,5 @@ def fit_maps(
                             y[:, : miss[p]] = torch.addmm(fb_f, x_f, fw_f).reshape(shapes[p][0], miss[p], -1)
                             y = y.reshape(-1, y.shape[-1])
                         rope = ropes[p].of(layer) if which == 0 else None
-                        oof[v][p][layer, which] = heads_of(y.float(), shapes[p], rope)
+                        oof[v][p][layer, which] = heads_of(y, shapes[p], rope)
     return maps, oof
