@@ -4,7 +4,8 @@
 //! `i.outside`, `i.coef`, `i.offset` float32 with `C T E` in `index.txt`):
 //! `cargo run --release --example decode_replay -- DIR [ROUNDS] [--reencode]` (`--reencode`:
 //! the decoded caches coded again by this build first, then timed: a format revision's speed
-//! and size on the same caches).
+//! and size on the same caches; `--encode`: that coding timed too, one thread, with a digest of
+//! the streams it writes).
 use speckv::joint::Joint;
 use speckv::{decode_into, info, BitsMut, Prediction, SigmaCodes};
 
@@ -61,31 +62,28 @@ fn main() {
             }
         })
         .collect();
-    if args.iter().any(|a| a == "--reencode") {
-        for c in calls.iter_mut() {
-            let header = info(&c.stream).unwrap();
-            // the decoded cache, kept beside the call the first time (a later build may no
-            // longer read the captured stream's revision)
-            let kept = format!("{dir}/{}.x", c.index);
-            let out: Vec<u16> = match std::fs::read(&kept) {
-                Ok(b) => b.chunks_exact(2).map(|w| u16::from_le_bytes([w[0], w[1]])).collect(),
-                Err(_) => {
-                    let mut out = vec![0u16; c.mu.len()];
-                    with_prediction(c, |p| decode_into(&c.stream, BitsMut::U16(&mut out), Some(p), 1).unwrap());
-                    std::fs::write(&kept, out.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-                    out
-                }
-            };
-            let options = speckv::EncodeOptions {
-                model: speckv::ModelKind::Bins,
-                chunk_scalars: header.chunk_scalars,
-                params: header.params,
-                token_scale: header.token_scale,
-                ..Default::default()
-            };
-            let stream = with_prediction(c, |p| {
-                speckv::encode(speckv::Bits::U16(&out), header.dtype, &header.shape, Some(p), &options).unwrap()
-            });
+    let encode = args.iter().any(|a| a == "--encode");
+    if encode || args.iter().any(|a| a == "--reencode") {
+        let mut best = f64::INFINITY;
+        let mut streams: Vec<Vec<u8>> = Vec::new();
+        let decoded: Vec<Vec<u16>> = calls.iter().map(|c| decoded_cache(dir, c)).collect();
+        for _ in 0..if encode { rounds } else { 1 } {
+            let t = std::time::Instant::now();
+            streams = calls.iter().zip(&decoded).map(|(c, out)| reencode(c, out)).collect();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        if encode {
+            let scalars: usize = calls.iter().map(|c| c.mu.len()).sum();
+            let mut digest = speckv::hash::Hasher::new();
+            streams.iter().for_each(|s| digest.update(s));
+            println!(
+                "{dir}: encode {:.0} Msym/s one thread ({:.1} ms), streams digest {:016x}",
+                scalars as f64 / best / 1e6,
+                best * 1e3,
+                digest.finish()
+            );
+        }
+        for (c, stream) in calls.iter_mut().zip(streams) {
             c.stream = stream;
         }
     }
@@ -115,6 +113,37 @@ fn main() {
         digest.finish(),
         speckv::kernel_report()
     );
+}
+
+/// The call's cache, decoded from the captured stream, kept beside the call the first time
+/// (a later build may no longer read the captured stream's revision).
+fn decoded_cache(dir: &str, c: &Call) -> Vec<u16> {
+    let kept = format!("{dir}/{}.x", c.index);
+    match std::fs::read(&kept) {
+        Ok(b) => b.chunks_exact(2).map(|w| u16::from_le_bytes([w[0], w[1]])).collect(),
+        Err(_) => {
+            let mut out = vec![0u16; c.mu.len()];
+            with_prediction(c, |p| decode_into(&c.stream, BitsMut::U16(&mut out), Some(p), 1).unwrap());
+            std::fs::write(&kept, out.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+            out
+        }
+    }
+}
+
+/// The cache coded again by this build with the captured stream's options, one thread.
+fn reencode(c: &Call, out: &[u16]) -> Vec<u8> {
+    let header = info(&c.stream).unwrap();
+    let options = speckv::EncodeOptions {
+        model: speckv::ModelKind::Bins,
+        chunk_scalars: header.chunk_scalars,
+        params: header.params,
+        token_scale: header.token_scale,
+        threads: 1,
+        ..Default::default()
+    };
+    with_prediction(c, |p| {
+        speckv::encode(speckv::Bits::U16(out), header.dtype, &header.shape, Some(p), &options).unwrap()
+    })
 }
 
 /// Runs `f` with the call's prediction.

@@ -78,6 +78,8 @@ use crate::dtype::DType;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_encoder;
 mod bits;
 mod decoder;
 mod encoder;
@@ -476,6 +478,95 @@ mod tests {
             avx512::NO_VBMI.with(|v| v.set(false));
             assert_eq!(gathered, x);
         }
+    }
+
+    /// The AVX-512 encoder writes the portable encoder's bytes: every format and revision,
+    /// runs of uneven lengths (groups off the states' alignment), predictions that are not
+    /// finite or far out (their groups go scalar by scalar), every kind of bin (zero bins,
+    /// deep ones, above the binade, escapes, patterns that are not finite).
+    #[test]
+    fn the_vector_encoder_writes_the_portable_bytes() {
+        #[cfg(target_arch = "x86_64")]
+        if !avx512::enabled() {
+            eprintln!("skipped: no AVX-512F here");
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        return;
+        let mut next = lcg(31);
+        for (dtype, width) in
+            [(DType::BFloat16, 16), (DType::Float16, 16), (DType::Float8E4M3Fn, 8), (DType::Float8E5M2, 8)]
+        {
+            let n = 20_000;
+            let mu: Vec<f32> = (0..n)
+                .map(|i| match i % 211 {
+                    0 => f32::NAN,
+                    1 => 1e30,
+                    2 => -0.0,
+                    3 => 1e-41,
+                    _ => ((next() % 4000) as f32 - 2000.0) / 500.0,
+                })
+                .collect();
+            let codes: Vec<i16> = (0..n)
+                .map(|i| match i % 7 {
+                    0 => (next() % 2040) as i16 - 1016,
+                    _ => crate::model::ladder::sigma_code(0.001 + (i % 13) as f32 * 0.2).unwrap(),
+                })
+                .collect();
+            let pattern = |v: f32| match dtype {
+                DType::BFloat16 => v.to_bits() >> 16,
+                DType::Float16 => half_bits(v),
+                _ => (v.to_bits() >> 24) ^ (v.to_bits() >> 20 & 7),
+            };
+            let x: Vec<u32> = mu
+                .iter()
+                .map(|&m| match next() % 50 {
+                    0 => next() as u32 & ((1 << width) - 1),
+                    1 => 0,
+                    2 => pattern(m * 1e-6),
+                    _ => pattern(m + ((next() % 2001) as f32 - 1000.0) / 400.0) & ((1 << width) - 1),
+                })
+                .collect();
+            for r in [V3, V4] {
+                let tables = BinTables::shared(&ModelParams::default(), r);
+                let code = |vector: bool| {
+                    let mut enc = Encoder::new(dtype, tables.clone(), n).unwrap();
+                    let mut at = 0;
+                    for len in [5usize, 16, 333, 17, 4096, n] {
+                        let end = (at + len).min(n);
+                        if width == 16 {
+                            let words: Vec<u16> = x[at..end].iter().map(|&w| w as u16).collect();
+                            enc.run_with(&words, &mu[at..end], &codes[at..end], vector);
+                        } else {
+                            let words: Vec<u8> = x[at..end].iter().map(|&w| w as u8).collect();
+                            enc.run_with(&words, &mu[at..end], &codes[at..end], vector);
+                        }
+                        at = end;
+                    }
+                    enc
+                };
+                let (portable, vector) = (code(false), code(true));
+                assert_eq!(portable.steps, vector.steps, "{} v{}", dtype.name(), r.version);
+                let mixed = code(true).finish_with(false);
+                let want = portable.finish_with(false);
+                assert_eq!(mixed, want, "{} v{}: the vector run's bits", dtype.name(), r.version);
+                assert_eq!(vector.finish_with(true), want, "{} v{}: the vector steps", dtype.name(), r.version);
+            }
+        }
+    }
+
+    /// float16's pattern of `v` (round to nearest even; enough for test data).
+    fn half_bits(v: f32) -> u32 {
+        let b = v.to_bits();
+        let sign = (b >> 16) & 0x8000;
+        let e = ((b >> 23) & 0xFF) as i32 - 127 + 15;
+        if e >= 31 {
+            return sign | 0x7C00;
+        }
+        if e <= 0 {
+            return sign;
+        }
+        sign | (e as u32) << 10 | ((b >> 13) & 0x3FF)
     }
 
     /// `BitReader` reads the chunk in place and its last bytes from a copy: every position,

@@ -29,7 +29,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::{finish, BinTables, BitReader, Cursor, Layout, Place, BINS_PER_SIGMA_LOG2, CLASS_MAX, DEPTH_MAX};
+use super::{finish, BinTables, BitReader, Cursor, Layout, Place, Revision, BINS_PER_SIGMA_LOG2, CLASS_MAX, DEPTH_MAX};
 use super::{CLASS_UNPHASED, ESCAPE, HALF, LOW, PHASES, PHASE_BITS, PRECISION, STATES, SYMBOLS};
 use crate::words::Word;
 
@@ -78,6 +78,62 @@ unsafe fn window_bytes(window: *const u8, offset: __m512i) -> __m512i {
     let idx =
         _mm512_add_epi32(_mm512_mullo_epi32(offset, _mm512_set1_epi32(0x0101_0101)), _mm512_set1_epi32(0x0302_0100));
     _mm512_permutexvar_epi8(idx, bytes)
+}
+
+/// B1 for sixteen lanes (`super::place`'s arithmetic in vectors).
+#[derive(Clone, Copy)]
+pub(super) struct Places {
+    pub(super) base: __m512i,
+    pub(super) table: __m512i,
+    pub(super) fw: __m512i,
+}
+
+/// B1 for the sixteen lanes of `bits` (`mu`'s float32 patterns) and their sigma codes, as
+/// `super::place` computes it; `None` where a lane's `mu` is not finite or needs B1's left
+/// shift (a far-out `mu`): such a group goes the portable way.
+///
+/// # Safety
+/// AVX-512F (inlined into a function compiled with it).
+#[inline(always)]
+pub(super) unsafe fn places(l: Layout, r: Revision, bits: __m512i, code: __m512i) -> Option<Places> {
+    let set = _mm512_set1_epi32;
+    let (zero, one, m) = (_mm512_setzero_si512(), set(1), l.m as i32);
+    let f = _mm512_and_si512(_mm512_srli_epi32::<23>(bits), set(0xFF));
+    let subnormal = _mm512_cmpeq_epi32_mask(f, zero);
+    let e_sigma = _mm512_sub_epi32(_mm512_srai_epi32::<3>(code), set(BINS_PER_SIGMA_LOG2));
+    let e_ulp = _mm512_mask_mov_epi32(_mm512_sub_epi32(f, set(127 + m)), subnormal, set(i32::MIN / 2));
+    let e = _mm512_min_epi32(
+        _mm512_max_epi32(_mm512_max_epi32(e_sigma, e_ulp), set(1 - l.bias)),
+        set(l.field_max as i32 - l.bias),
+    );
+    let fraction = _mm512_and_si512(bits, set(0x7F_FFFF));
+    let mant = _mm512_mask_or_epi32(fraction, !subnormal, fraction, set(1 << 23));
+    let negative_mu = _mm512_cmplt_epi32_mask(bits, zero);
+    let signed = _mm512_mask_sub_epi32(mant, negative_mu, zero, mant);
+    let sh = _mm512_sub_epi32(_mm512_add_epi32(_mm512_max_epi32(f, one), set(PHASE_BITS as i32 - 150)), e);
+    if _mm512_cmpeq_epi32_mask(f, set(0xFF)) | _mm512_cmpge_epi32_mask(sh, zero) != 0 {
+        return None;
+    }
+    let q = _mm512_srav_epi32(signed, _mm512_min_epi32(_mm512_sub_epi32(zero, sh), set(31)));
+    // the rounding shift, in eighths of a bin: 4 >> d for d in 0..=2, else 0 (a count of 3 or
+    // more, or a negative one read as unsigned, shifts everything out; none without it)
+    let d = _mm512_sub_epi32(e, _mm512_max_epi32(e_ulp, set(1 - l.bias - m)));
+    let shift = _mm512_srlv_epi32(set(if r.rounding { 4 } else { 0 }), d);
+    let q = _mm512_mask_sub_epi32(_mm512_add_epi32(q, shift), negative_mu, q, shift);
+    let class = _mm512_min_epi32(
+        _mm512_max_epi32(_mm512_sub_epi32(code, _mm512_slli_epi32::<3>(e)), set(r.class_min)),
+        set(CLASS_MAX),
+    );
+    let phased = _mm512_add_epi32(
+        _mm512_slli_epi32::<{ PHASE_BITS }>(_mm512_sub_epi32(class, set(r.class_min))),
+        _mm512_and_si512(q, set(PHASES as i32 - 1)),
+    );
+    let unphased = _mm512_add_epi32(_mm512_sub_epi32(class, set(CLASS_UNPHASED)), set(r.phased_tables() as i32));
+    Some(Places {
+        base: _mm512_srai_epi32::<{ PHASE_BITS }>(q),
+        table: _mm512_mask_mov_epi32(phased, _mm512_cmpge_epi32_mask(class, set(CLASS_UNPHASED)), unphased),
+        fw: _mm512_add_epi32(e, set(l.bias)),
+    })
 }
 
 /// True when this processor has AVX-512F and `SPECKV_SIMD` is neither `0` nor `avx2`.
@@ -169,50 +225,16 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
     let one = set(1);
     let (lut, entries) = (tables.lut.as_ptr() as *const i32, tables.entries.as_ptr() as *const i32);
     let r = tables.revision;
-    // B1's rounding shift, in eighths of a bin, before the shift by `d` (none without it)
-    let rounding = set(if r.rounding { 4 } else { 0 });
     let raw_ptr = raw.bytes.as_ptr();
     let mut done = 0;
     while done + WIDTH <= out.len() {
         // SAFETY (loads): `done + 16 <= out.len() == mu.len() == codes.len()`.
         let bits = _mm512_loadu_si512(mu.as_ptr().add(done) as *const _);
         let code = _mm512_cvtepi16_epi32(_mm256_loadu_si256(codes.as_ptr().add(done) as *const __m256i));
-        // B1
-        let f = _mm512_and_si512(_mm512_srli_epi32::<23>(bits), set(0xFF));
-        let subnormal = _mm512_cmpeq_epi32_mask(f, zero);
-        let e_sigma = _mm512_sub_epi32(_mm512_srai_epi32::<3>(code), set(BINS_PER_SIGMA_LOG2));
-        let e_ulp = _mm512_mask_mov_epi32(_mm512_sub_epi32(f, set(127 + m)), subnormal, set(i32::MIN / 2));
-        let e = _mm512_min_epi32(
-            _mm512_max_epi32(_mm512_max_epi32(e_sigma, e_ulp), set(1 - l.bias)),
-            set(l.field_max as i32 - l.bias),
-        );
-        let fraction = _mm512_and_si512(bits, set(0x7F_FFFF));
-        let mant = _mm512_mask_or_epi32(fraction, !subnormal, fraction, set(1 << 23));
-        let negative_mu = _mm512_cmplt_epi32_mask(bits, zero);
-        let signed = _mm512_mask_sub_epi32(mant, negative_mu, zero, mant);
-        let sh = _mm512_sub_epi32(_mm512_add_epi32(_mm512_max_epi32(f, one), set(PHASE_BITS as i32 - 150)), e);
-        // the vector path takes the right shifts only (a left shift: a far-out mu, or none)
-        if _mm512_cmpeq_epi32_mask(f, set(0xFF)) | _mm512_cmpge_epi32_mask(sh, zero) != 0 {
+        // B1 (the vector path takes the right shifts only: a left shift is a far-out mu)
+        let Some(Places { base, table, fw }) = places(l, r, bits, code) else {
             break;
-        }
-        let q = _mm512_srav_epi32(signed, _mm512_min_epi32(_mm512_sub_epi32(zero, sh), set(31)));
-        // the rounding shift: 4 >> d for d in 0..=2, else 0 (a count of 3 or more, or a negative
-        // one read as unsigned, shifts everything out)
-        let d = _mm512_sub_epi32(e, _mm512_max_epi32(e_ulp, set(1 - l.bias - m)));
-        let shift = _mm512_srlv_epi32(rounding, d);
-        let q = _mm512_mask_sub_epi32(_mm512_add_epi32(q, shift), negative_mu, q, shift);
-        let base = _mm512_srai_epi32::<{ PHASE_BITS }>(q);
-        let class = _mm512_min_epi32(
-            _mm512_max_epi32(_mm512_sub_epi32(code, _mm512_slli_epi32::<3>(e)), set(r.class_min)),
-            set(CLASS_MAX),
-        );
-        let phased = _mm512_add_epi32(
-            _mm512_slli_epi32::<{ PHASE_BITS }>(_mm512_sub_epi32(class, set(r.class_min))),
-            _mm512_and_si512(q, set(PHASES as i32 - 1)),
-        );
-        let unphased = _mm512_add_epi32(_mm512_sub_epi32(class, set(CLASS_UNPHASED)), set(r.phased_tables() as i32));
-        let table = _mm512_mask_mov_epi32(phased, _mm512_cmpge_epi32_mask(class, set(CLASS_UNPHASED)), unphased);
-        let fw = _mm512_add_epi32(e, set(l.bias));
+        };
         // B4: one step per lane
         // SAFETY: `r.states` is 16 or 32 and `cur.j` a multiple of 16: the sixteen states from
         // here are inside the array.

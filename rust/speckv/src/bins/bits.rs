@@ -1,6 +1,8 @@
 //! B3's raw bits: written least significant first, read in place.
 
-/// Raw bits, least significant first.
+/// Raw bits, least significant first. Fewer than 8 bits wait in `acc`; every `put` writes
+/// the accumulator's 8 bytes past the end of `out` and keeps its whole bytes, so that it has no
+/// branch on when a word is full (which bits flush is data: a branch on it mispredicted often).
 pub(super) struct BitWriter {
     pub(super) acc: u64,
     pub(super) n: u32,
@@ -8,15 +10,48 @@ pub(super) struct BitWriter {
 }
 
 impl BitWriter {
+    /// Appends the `n` low bits of `v` (`v < 2^n`, `n <= 32`).
     #[inline(always)]
     pub(super) fn put(&mut self, v: u32, n: u32) {
+        debug_assert!(n <= 32 && (v as u64) < 1u64 << n);
+        // at most 7 + 32 bits: inside the accumulator
         self.acc |= (v as u64) << self.n;
         self.n += n;
-        if self.n >= 32 {
-            self.out.extend_from_slice(&(self.acc as u32).to_le_bytes());
-            self.acc >>= 32;
-            self.n -= 32;
+        let len = self.out.len();
+        self.out.reserve(8);
+        // SAFETY: `reserve(8)` left room for 8 bytes from `len`; the `n / 8 <= 4` whole bytes
+        // kept are initialised by this write.
+        unsafe {
+            (self.out.as_mut_ptr().add(len) as *mut u64).write_unaligned(self.acc.to_le());
+            self.out.set_len(len + (self.n >> 3) as usize);
         }
+        self.acc >>= self.n & !7;
+        self.n &= 7;
+    }
+
+    /// `put` of each `(v, n)` in turn, with the writer's fields in registers (through
+    /// `&mut self`, every write to `out` could alias them, and each `put` kept them in memory).
+    #[inline(always)]
+    pub(super) fn put_all<const N: usize>(&mut self, v: &[u32; N], n: &[u32; N]) {
+        let (mut acc, mut bits) = (self.acc, self.n);
+        let mut len = self.out.len();
+        // each `put` keeps at most 4 whole bytes and writes 8 from where it keeps them
+        self.out.reserve(4 * N + 8);
+        let out = self.out.as_mut_ptr();
+        for (&v, &n) in v.iter().zip(n) {
+            debug_assert!(n <= 32 && (v as u64) < 1u64 << n);
+            acc |= (v as u64) << bits;
+            bits += n;
+            // SAFETY: `len` has grown by at most 4 per value since the `reserve`, so the 8
+            // bytes from it are inside the capacity.
+            unsafe { (out.add(len) as *mut u64).write_unaligned(acc.to_le()) };
+            len += (bits >> 3) as usize;
+            acc >>= bits & !7;
+            bits &= 7;
+        }
+        // SAFETY: the bytes up to `len` were written above (or before).
+        unsafe { self.out.set_len(len) };
+        (self.acc, self.n) = (acc, bits);
     }
 
     pub(super) fn finish(mut self) -> Vec<u8> {

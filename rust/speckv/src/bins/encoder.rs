@@ -1,4 +1,6 @@
-//! Codes one chunk of the bins model, run by run (B1-B4; the rANS states run backwards).
+//! Codes one chunk of the bins model, run by run (B1-B4; the rANS states run backwards): the
+//! AVX-512 groups where they run (`avx512_encoder`), one scalar at a time elsewhere, the same
+//! bytes.
 
 use std::sync::Arc;
 
@@ -25,8 +27,31 @@ impl Encoder {
         Ok(Encoder { layout, tables, steps: Vec::with_capacity(scalars), bits })
     }
 
-    /// The next scalars `x`, against `mu` and their sigma codes.
+    /// The next scalars `x`, against `mu` and their sigma codes: sixteen at a time with
+    /// AVX-512 where it runs (`avx512_encoder`), else one at a time; the same bytes.
     pub fn run<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
+        self.run_with(x, mu, codes, vector())
+    }
+
+    /// `run`, with the vector groups where `vector` (the processor has AVX-512F).
+    pub(super) fn run_with<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16], vector: bool) {
+        let n = x.len().min(mu.len()).min(codes.len());
+        let mut i = 0;
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = vector;
+        #[cfg(target_arch = "x86_64")]
+        while vector && n - i >= GROUP {
+            // SAFETY: `vector` is only true where `avx512::enabled()` found AVX-512F.
+            i += unsafe { avx512_encoder::run_groups(self, &x[i..n], &mu[i..n], &codes[i..n]) };
+            // a group the vectors left (a non-finite or far-out mu), scalar by scalar
+            let end = (i + GROUP).min(n);
+            self.run_portable(&x[i..end], &mu[i..end], &codes[i..end]);
+            i = end;
+        }
+        self.run_portable(&x[i..n], &mu[i..n], &codes[i..n]);
+    }
+
+    fn run_portable<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
         let (l, r) = (self.layout, self.tables.revision);
         for ((&xw, &m), &c) in x.iter().zip(mu).zip(codes) {
             let w = xw.to_u32();
@@ -56,14 +81,44 @@ impl Encoder {
 
     /// The chunk's payload (B4, the layout in the module doc).
     pub fn finish(self) -> Vec<u8> {
+        self.finish_with(vector())
+    }
+
+    /// `finish`, B4's steps sixteen states at a time where `vector` (the processor has
+    /// AVX-512F); the same bytes.
+    pub(super) fn finish_with(self, vector: bool) -> Vec<u8> {
         let r = self.tables.revision;
-        let mut state = vec![LOW; r.states];
+        let mut state = [LOW; STATES];
+        // the vector steps store sixteen words past the end before they count them
+        let mut words: Vec<u16> = Vec::with_capacity(self.steps.len() + GROUP);
+        let whole = if vector { self.steps.len() / GROUP * GROUP } else { 0 };
+        // backwards: the scalars after the last whole group first
+        self.steps_back(whole, &mut state, &mut words);
+        #[cfg(target_arch = "x86_64")]
+        if whole > 0 {
+            // SAFETY: `vector` is only true where `avx512::enabled()` found AVX-512F; `whole`
+            // is a multiple of 16 and `words` has room for every step's word and 16 more.
+            unsafe { avx512_encoder::steps_back(&self, &self.steps[..whole], &mut state, &mut words) };
+        }
+        let raw = self.bits.finish();
+        let mut out = Vec::with_capacity(r.min_chunk_len() + 2 * words.len() + raw.len());
+        for s in &state[..r.states] {
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        out.extend_from_slice(&(words.len() as u32).to_le_bytes());
+        for w in words.iter().rev() {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&raw);
+        out
+    }
+
+    /// B4 for the steps from `from` on, last first (the scalar loop).
+    fn steps_back(&self, from: usize, state: &mut [u32; STATES], words: &mut Vec<u16>) {
         // `j mod S` as a mask: S is a power of two (`Revision::states`), and a division per
         // scalar was a sixth of this loop
-        debug_assert!(r.states.is_power_of_two());
-        let lane = r.states - 1;
-        let mut words: Vec<u16> = Vec::with_capacity(self.steps.len() + 1);
-        for (j, &step) in self.steps.iter().enumerate().rev() {
+        let lane = self.tables.revision.states - 1;
+        for (j, &step) in self.steps.iter().enumerate().skip(from).rev() {
             if step == NO_STEP {
                 continue;
             }
@@ -76,16 +131,16 @@ impl Encoder {
             let q = code.quotient(*s);
             *s = (q << PRECISION) + (*s - q * code.freq) + code.start;
         }
-        let raw = self.bits.finish();
-        let mut out = Vec::with_capacity(r.min_chunk_len() + 2 * words.len() + raw.len());
-        for s in state {
-            out.extend_from_slice(&s.to_le_bytes());
-        }
-        out.extend_from_slice(&(words.len() as u32).to_le_bytes());
-        for w in words.iter().rev() {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out.extend_from_slice(&raw);
-        out
     }
+}
+
+/// Scalars a vector group codes (`avx512_encoder`).
+const GROUP: usize = 16;
+
+/// Whether this processor runs the vector encoder (AVX-512F; `SPECKV_SIMD` as for the decoder).
+fn vector() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::avx512::enabled();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }

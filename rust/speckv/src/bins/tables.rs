@@ -42,6 +42,9 @@ pub struct BinTables {
     /// Per (table, symbol): `freq | start << 16`.
     pub(super) entries: Vec<u32>,
     pub(super) coding: Vec<Coding>,
+    /// Per (table, symbol): `Coding::magic` (0 without a frequency), for the vector
+    /// encoder's gathers.
+    pub(super) magic: Vec<u64>,
     pub(super) digest: u64,
 }
 
@@ -141,7 +144,8 @@ impl BinTables {
                 start += f;
             }
         }
-        BinTables { revision, lut, entries, coding, digest: h.finish() }
+        let magic = coding.iter().map(|c| c.magic).collect();
+        BinTables { revision, lut, entries, coding, magic, digest: h.finish() }
     }
 
     pub fn digest(&self) -> u64 {
