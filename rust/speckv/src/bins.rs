@@ -480,6 +480,42 @@ mod tests {
         }
     }
 
+    /// Short chunks: their groups read the raw bits near the chunk's end from the reader's
+    /// copy (`BitReader::window`), zero bins and their depths among them; every length decodes
+    /// to the encoder's input with each kernel.
+    #[test]
+    fn short_chunks_decode_alike_with_every_kernel() {
+        let mut next = lcg(44);
+        let tables = BinTables::shared(&ModelParams::default(), CURRENT);
+        for n in [16usize, 32, 33, 48, 64, 100, 160, 255, 400, 1000] {
+            let mu: Vec<f32> = (0..n).map(|_| ((next() % 400) as f32 - 200.0) / 100.0).collect();
+            let codes: Vec<i16> =
+                (0..n).map(|i| crate::model::ladder::sigma_code(0.02 + (i % 5) as f32 * 0.3).unwrap()).collect();
+            // a third near zero (zero bins, some deep), the rest around mu
+            let x: Vec<u16> = mu
+                .iter()
+                .map(|&m| match next() % 3 {
+                    0 => ((m * 1e-3 * (next() % 7) as f32).to_bits() >> 16) as u16,
+                    _ => ((m + ((next() % 201) as f32 - 100.0) / 300.0).to_bits() >> 16) as u16,
+                })
+                .collect();
+            let mut enc = Encoder::new(DType::BFloat16, tables.clone(), n).unwrap();
+            enc.run(&x, &mu, &codes);
+            let bytes = enc.finish();
+            for portable in [false, true] {
+                let mut out = vec![0u16; n];
+                let mut dec = Decoder::new(DType::BFloat16, &tables, &bytes).unwrap();
+                if portable {
+                    dec.run_portable(&mut out, &mu, &codes);
+                } else {
+                    dec.run(&mut out, &mu, &codes);
+                }
+                dec.finish().unwrap();
+                assert_eq!(out, x, "{n} scalars, portable: {portable}");
+            }
+        }
+    }
+
     /// The AVX-512 encoder writes the portable encoder's bytes: every format and revision,
     /// runs of uneven lengths (groups off the states' alignment), predictions that are not
     /// finite or far out (their groups go scalar by scalar), every kind of bin (zero bins,

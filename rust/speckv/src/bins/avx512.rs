@@ -14,8 +14,9 @@
 //! Whatever a vector does not cover falls back to the portable code, which reads the same
 //! words and bits in the same order: a group with a non-finite `mu` or a far-out one (B1's
 //! left shift) is decoded scalar by scalar by the caller; a group with an escape, a bin above
-//! the format's binade (`t > M`), a depth of `DEPTH_MAX` or more, or too few raw bytes left
-//! finishes its patterns lane by lane after the vector rANS step.
+//! the format's binade (`t > M`), a depth of `DEPTH_MAX` or more, or a position past the
+//! chunk's end finishes its patterns lane by lane after the vector rANS step (near the end, the
+//! bits come from the reader's copy of the last bytes, zeros after: `BitReader::window`).
 //!
 //! Where the time goes (AMD Zen 4, the demo model's `map` caches, `examples/decode_replay.rs`):
 //! the loop is bound by each group's latency, its B3 waiting for its gathers, not by the
@@ -25,6 +26,18 @@
 //! away the next group's gathers under way), the raw bits by byte permutation, the chunk's
 //! last words without leaving the vector path, the raw bits read in place: 208 -> 263 Msym/s
 //! per core.
+//!
+//! On an Intel Xeon (AMX, `decode_replay` on the same kind of caches) the loop is bound by the
+//! raw bits' position: the zero bins' depths read from the bits move it, a chain from group to
+//! group (cut, as a measurement only, the loop ran at 467 Msym/s instead of 230). What paid:
+//! the next group's rANS steps issued before this group's patterns (in program order after
+//! them, its gathers waited for room in the reorder window), the chunk's last bytes read from
+//! the reader's padded copy instead of lane by lane (one group in 25 took that path: chunks
+//! of a few thousand scalars), the second depth read from `s1` without waiting for the first,
+//! the cursor kept in registers, and POPCNT/BMI enabled for the scalar operations beside the
+//! vectors: 202-210 -> 236-261 Msym/s. Tried and not kept: the depths' loads addressed from
+//! the position before the previous group's depths (a load off the chain; 257 against 268),
+//! every group of a batch stepped before any pattern (202), 32 states (two chains; no gain).
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -136,12 +149,20 @@ pub(super) unsafe fn places(l: Layout, r: Revision, bits: __m512i, code: __m512i
     })
 }
 
-/// True when this processor has AVX-512F and `SPECKV_SIMD` is neither `0` nor `avx2`.
+/// True when this processor has AVX-512F (with POPCNT, BMI1 and BMI2) and `SPECKV_SIMD` is
+/// neither `0` nor `avx2`.
 pub(crate) fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| {
         let wanted = std::env::var("SPECKV_SIMD").map_or(true, |v| !matches!(v.trim(), "0" | "avx2"));
-        wanted && is_x86_feature_detected!("avx512f")
+        // the scalar bit operations beside the vectors (`popcnt`, `tzcnt`, `shrx`): every
+        // AVX-512 processor has them, but the baseline build emulates a population count in
+        // fifteen instructions and shifts by `cl` in three micro-operations
+        wanted
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("popcnt")
+            && is_x86_feature_detected!("bmi1")
+            && is_x86_feature_detected!("bmi2")
     })
 }
 
@@ -171,7 +192,7 @@ pub(super) unsafe fn groups<W: Word>(
 }
 
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,popcnt,bmi1,bmi2")]
 unsafe fn groups_vbmi<W: Word>(
     l: Layout,
     tables: &BinTables,
@@ -187,7 +208,7 @@ unsafe fn groups_vbmi<W: Word>(
 }
 
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt,bmi1,bmi2")]
 unsafe fn groups_gather<W: Word>(
     l: Layout,
     tables: &BinTables,
@@ -202,6 +223,76 @@ unsafe fn groups_gather<W: Word>(
     groups_with::<W, false>(l, tables, words, raw, states, cur, out, mu, codes)
 }
 
+/// A group after B1 and its rANS steps (B4), before its patterns (B3).
+struct Stepped {
+    base: __m512i,
+    fw: __m512i,
+    symbol: __m512i,
+}
+
+/// B1 and B4 for the sixteen scalars at the start of `mu` and `codes`; `None` (nothing
+/// stepped) where B1 leaves the group to the portable code.
+///
+/// # Safety
+/// AVX-512F (inlined into a function compiled with it); 16 scalars in `mu` and `codes`;
+/// `cur.j` a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn step_group(
+    l: Layout,
+    tables: &BinTables,
+    words: &[u8],
+    states: &mut [u32; STATES],
+    cur: &mut Cursor,
+    mu: &[f32],
+    codes: &[i16],
+) -> Option<Stepped> {
+    let n_words = words.len() / 2;
+    let set = _mm512_set1_epi32;
+    let (lut, entries) = (tables.lut.as_ptr() as *const i32, tables.entries.as_ptr() as *const i32);
+    let r = tables.revision;
+    // SAFETY (loads): the caller's 16 scalars of `mu` and `codes`.
+    let bits = _mm512_loadu_si512(mu.as_ptr() as *const _);
+    let code = _mm512_cvtepi16_epi32(_mm256_loadu_si256(codes.as_ptr() as *const __m256i));
+    // B1 (the vector path takes the right shifts only: a left shift is a far-out mu)
+    let Places { base, table, fw } = places(l, r, bits, code)?;
+    // B4: one step per lane
+    // SAFETY: `r.states` is 16 or 32 and `cur.j` a multiple of 16: the sixteen states from
+    // here are inside the array.
+    let half = states.as_mut_ptr().add(cur.j & (r.states - 1));
+    let s = _mm512_loadu_si512(half as *const _);
+    let slot = _mm512_and_si512(s, set((1 << PRECISION) - 1));
+    // SAFETY (gathers): a table index is below TABLES and a slot below 2^PRECISION, and
+    // `lut` has 4 bytes past its last slot for the 4-byte read; a symbol is below SYMBOLS.
+    let idx = _mm512_or_si512(_mm512_slli_epi32::<{ PRECISION }>(table), slot);
+    let symbol = _mm512_and_si512(_mm512_i32gather_epi32::<1>(idx, lut), set(0xFF));
+    let entry =
+        _mm512_i32gather_epi32::<4>(_mm512_add_epi32(_mm512_mullo_epi32(table, set(SYMBOLS as i32)), symbol), entries);
+    let freq = _mm512_and_si512(entry, set(0xFFFF));
+    let next = _mm512_sub_epi32(
+        _mm512_add_epi32(_mm512_mullo_epi32(freq, _mm512_srli_epi32::<{ PRECISION }>(s)), slot),
+        _mm512_srli_epi32::<16>(entry),
+    );
+    let need = _mm512_cmplt_epu32_mask(next, set(LOW as i32));
+    let fresh = if cur.pos + WIDTH <= n_words {
+        // SAFETY: `pos + 16 <= n_words`: the 16 words are inside `words`.
+        _mm256_loadu_si256(words.as_ptr().add(2 * cur.pos) as *const __m256i)
+    } else {
+        // the chunk's last words, zeros past them (as `super::step` reads them)
+        let mut last = [0u8; 2 * WIDTH];
+        let have = &words[(2 * cur.pos).min(2 * n_words)..2 * n_words];
+        last[..have.len()].copy_from_slice(have);
+        _mm256_loadu_si256(last.as_ptr() as *const __m256i)
+    };
+    let fresh = _mm512_cvtepu16_epi32(fresh);
+    let fresh = _mm512_maskz_expand_epi32(need, fresh);
+    let s = _mm512_mask_mov_epi32(next, need, _mm512_or_si512(_mm512_slli_epi32::<16>(next), fresh));
+    _mm512_storeu_si512(half as *mut _, s);
+    cur.pos += need.count_ones() as usize;
+    cur.j += WIDTH;
+    Some(Stepped { base, fw, symbol })
+}
+
 /// `groups`, the raw bits taken with a byte permutation where `VBMI`, else with a gather;
 /// inlined into each of the two, compiled with their features.
 #[allow(clippy::too_many_arguments)]
@@ -212,65 +303,37 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
     words: &[u8],
     raw: &BitReader<'_>,
     states: &mut [u32; STATES],
-    cur: &mut Cursor,
+    cursor: &mut Cursor,
     out: &mut [W],
     mu: &[f32],
     codes: &[i16],
 ) -> usize {
-    debug_assert!(cur.j.is_multiple_of(WIDTH));
-    let n_words = words.len() / 2;
+    debug_assert!(cursor.j.is_multiple_of(WIDTH));
+    // a copy in registers: stored through the reference after every group, it was not
+    let mut local = *cursor;
+    let cur = &mut local;
     let m = l.m as i32;
     let set = _mm512_set1_epi32;
     let zero = _mm512_setzero_si512();
     let one = set(1);
-    let (lut, entries) = (tables.lut.as_ptr() as *const i32, tables.entries.as_ptr() as *const i32);
-    let r = tables.revision;
-    let raw_ptr = raw.bytes.as_ptr();
     let mut done = 0;
-    while done + WIDTH <= out.len() {
-        // SAFETY (loads): `done + 16 <= out.len() == mu.len() == codes.len()`.
-        let bits = _mm512_loadu_si512(mu.as_ptr().add(done) as *const _);
-        let code = _mm512_cvtepi16_epi32(_mm256_loadu_si256(codes.as_ptr().add(done) as *const __m256i));
-        // B1 (the vector path takes the right shifts only: a left shift is a far-out mu)
-        let Some(Places { base, table, fw }) = places(l, r, bits, code) else {
-            break;
-        };
-        // B4: one step per lane
-        // SAFETY: `r.states` is 16 or 32 and `cur.j` a multiple of 16: the sixteen states from
-        // here are inside the array.
-        let half = states.as_mut_ptr().add(cur.j & (r.states - 1));
-        let s = _mm512_loadu_si512(half as *const _);
-        let slot = _mm512_and_si512(s, set((1 << PRECISION) - 1));
-        // SAFETY (gathers): a table index is below TABLES and a slot below 2^PRECISION, and
-        // `lut` has 4 bytes past its last slot for the 4-byte read; a symbol is below SYMBOLS.
-        let idx = _mm512_or_si512(_mm512_slli_epi32::<{ PRECISION }>(table), slot);
-        let symbol = _mm512_and_si512(_mm512_i32gather_epi32::<1>(idx, lut), set(0xFF));
-        let entry = _mm512_i32gather_epi32::<4>(
-            _mm512_add_epi32(_mm512_mullo_epi32(table, set(SYMBOLS as i32)), symbol),
-            entries,
-        );
-        let freq = _mm512_and_si512(entry, set(0xFFFF));
-        let next = _mm512_sub_epi32(
-            _mm512_add_epi32(_mm512_mullo_epi32(freq, _mm512_srli_epi32::<{ PRECISION }>(s)), slot),
-            _mm512_srli_epi32::<16>(entry),
-        );
-        let need = _mm512_cmplt_epu32_mask(next, set(LOW as i32));
-        let fresh = if cur.pos + WIDTH <= n_words {
-            // SAFETY: `pos + 16 <= n_words`: the 16 words are inside `words`.
-            _mm256_loadu_si256(words.as_ptr().add(2 * cur.pos) as *const __m256i)
+    // a group's rANS steps are issued before the patterns of the group before it: those wait
+    // on the raw bits' position, a chain from group to group through the zero bins' depths,
+    // and the steps issued first keep the gathers of the next group under way meanwhile (in
+    // program order after them, they waited for room in the reorder window: 230 -> 430 Msym/s
+    // with the chain cut, a measurement only)
+    let mut pending = if WIDTH <= out.len() {
+        step_group(l, tables, words, states, cur, &mu[..WIDTH], &codes[..WIDTH])
+    } else {
+        None
+    };
+    while let Some(Stepped { base, fw, symbol }) = pending {
+        pending = if done + 2 * WIDTH <= out.len() {
+            let next = done + WIDTH..done + 2 * WIDTH;
+            step_group(l, tables, words, states, cur, &mu[next.clone()], &codes[next])
         } else {
-            // the chunk's last words, zeros past them (as `super::step` reads them)
-            let mut last = [0u8; 2 * WIDTH];
-            let have = &words[(2 * cur.pos).min(2 * n_words)..2 * n_words];
-            last[..have.len()].copy_from_slice(have);
-            _mm256_loadu_si256(last.as_ptr() as *const __m256i)
+            None
         };
-        let fresh = _mm512_cvtepu16_epi32(fresh);
-        let fresh = _mm512_maskz_expand_epi32(need, fresh);
-        let s = _mm512_mask_mov_epi32(next, need, _mm512_or_si512(_mm512_slli_epi32::<16>(next), fresh));
-        _mm512_storeu_si512(half as *mut _, s);
-        cur.pos += need.count_ones() as usize;
-        cur.j += WIDTH;
         // B3 backwards
         let b = _mm512_add_epi32(base, _mm512_sub_epi32(symbol, set(HALF as i32)));
         let negative = _mm512_cmplt_epi32_mask(b, zero);
@@ -282,11 +345,12 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
         // raw bits before the mantissa bits (B3): a zero bin's unary depth and its one
         let n = _mm512_mask_mov_epi32(_mm512_sub_epi32(set(m), t), zero_bin, set(m));
         let dst = out.as_mut_ptr().add(done);
-        // every lane's bits end before `at + 16 (M + 1 + DEPTH_MAX)` (at most 416 bits): the
-        // window reads 64 bytes from `at`'s byte, the gather 4 bytes past each lane's
-        let fits = cur.at < 1 << 30
-            && (cur.at >> 3) + 64 <= raw.bytes.len()
-            && (cur.at + WIDTH * (l.m as usize + 1 + DEPTH_MAX as usize)) / 8 + 4 <= raw.bytes.len();
+        // every lane's bits end before `at + 16 (M + 1 + DEPTH_MAX)` (at most 416 bits): they
+        // are read from the 64 bytes from `at`'s byte (`BitReader::window`: near the chunk's
+        // end, a copy with zeros after; in place, it was one group in 25 here, lane by lane)
+        let fits = cur.at < 1 << 30 && cur.at >> 3 <= raw.bytes.len();
+        let byte0 = cur.at >> 3;
+        let src = if fits { raw.window(byte0) } else { raw.bytes.as_ptr() };
         // lane i's bits start at `at` plus the bits of the lanes before it (their mantissa bits
         // and, for zero bins, unary depths) and its own unary depth. The zero bins' depths are
         // read in lane order (each moves the next), from the bits themselves. 3% of scalars are
@@ -306,17 +370,20 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
             let packed = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(zero_bin, before));
             let (s0, s1) = (_mm_cvtsi128_si32(packed) as usize, _mm_extract_epi32::<1>(packed) as usize);
             // SAFETY: with no special lane every count is in 0..=M, so a start is before
-            // `cur.at + 416` bits (an unused one is 0), and `cur.at / 8 + 64 <= raw.bytes.len()`
-            // (`fits`): the 8 bytes from its byte are inside.
-            let depth_at = |at: usize| {
-                (((raw_ptr.add(at >> 3) as *const u64).read_unaligned() >> (at & 7)) as u32 | 1 << DEPTH_MAX)
-                    .trailing_zeros()
-            };
-            let d0 = depth_at(cur.at + s0);
-            moved += if z >= 1 { d0 as usize + 1 } else { 0 };
-            let d1 = depth_at(cur.at + moved + s1);
-            moved += if z >= 2 { d1 as usize + 1 } else { 0 };
-            deep = (z >= 1 && d0 >= DEPTH_MAX) || (z >= 2 && d1 >= DEPTH_MAX);
+            // `cur.at + 416` bits (an unused one is 0): the 8 bytes from its byte are inside
+            // the window's 64 from `byte0` (`fits`).
+            // the 57 bits (or more) from bit `at` on
+            let bits_at = |at: usize| (src.add((at >> 3) - byte0) as *const u64).read_unaligned() >> (at & 7);
+            // in masks, not conditions: a branch on whether a group has a second zero bin
+            // (random, data) mispredicted often, and that cost as much as the rest of B3
+            let (first, second) = (((z >= 1) as usize).wrapping_neg(), ((z >= 2) as usize).wrapping_neg());
+            let d0 = (bits_at(cur.at + s0) as u32 | 1 << DEPTH_MAX).trailing_zeros();
+            // the second zero bin's bits start `d0 + 1` after `s1` (at most 17 into the 57 read
+            // from there, not waiting for `d0`): one load on the position's chain, not two
+            let d1 = ((bits_at(cur.at + s1) >> ((d0 + 1) & first as u32)) as u32 | 1 << DEPTH_MAX).trailing_zeros();
+            moved += (d0 as usize + 1) & first;
+            moved += (d1 as usize + 1) & second;
+            deep = ((d0 >= DEPTH_MAX) as usize & first | (d1 >= DEPTH_MAX) as usize & second) != 0;
             _mm512_castsi128_si512(_mm_set_epi32(0, 0, d1 as i32, d0 as i32))
         } else if special == 0 && fits {
             let mut starts = [0i32; WIDTH];
@@ -351,17 +418,16 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
         let at = _mm512_add_epi32(set(first as i32), _mm512_add_epi32(before, inclusive(unary)));
         // the group's mantissa bits: the last lane of their prefix sum
         cur.at += _mm_extract_epi32::<3>(_mm512_extracti32x4_epi32::<3>(through)) as usize + moved;
+        // each lane's byte, from the window's first (`byte0`, `first`'s)
+        let offset = _mm512_sub_epi32(_mm512_srli_epi32::<3>(at), set(byte0 as i32));
         let gathered = if VBMI {
-            // SAFETY: `first / 8 + 64 <= raw.bytes.len()` (`fits`); AVX-512 VBMI and BW
-            // checked (`vbmi`). Each lane's 4 bytes from its byte, out of the window's 64.
-            window_bytes(
-                raw_ptr.add(first >> 3),
-                _mm512_sub_epi32(_mm512_srli_epi32::<3>(at), set((first >> 3) as i32)),
-            )
+            // SAFETY: the window has 64 bytes from `src` (`fits`); AVX-512 VBMI and BW checked
+            // (`vbmi`). Each lane's 4 bytes from its byte, out of the window's 64.
+            window_bytes(src, offset)
         } else {
-            // SAFETY: every lane's bits end before `first + 416` and 4 bytes past its byte fit
-            // (`fits`).
-            _mm512_i32gather_epi32::<1>(_mm512_srli_epi32::<3>(at), raw_ptr as *const i32)
+            // SAFETY: every lane's bits end before `first + 416`: 4 bytes from its byte are
+            // inside the window's 64 (`fits`).
+            _mm512_i32gather_epi32::<1>(offset, src as *const i32)
         };
         let low_bits = _mm512_and_si512(
             _mm512_srlv_epi32(gathered, _mm512_and_si512(at, set(7))),
@@ -391,5 +457,6 @@ unsafe fn groups_with<W: Word, const VBMI: bool>(
         }
         done += WIDTH;
     }
+    *cursor = local;
     done
 }

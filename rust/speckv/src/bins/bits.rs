@@ -62,12 +62,13 @@ impl BitWriter {
 }
 
 /// Reads what `BitWriter` wrote; past the end it reads zeros (B5 then fails the chunk). The
-/// chunk's bytes are read in place; only the last `TAIL` of them are copied, with zeros after,
-/// so that every read is one unaligned load without copying the chunk.
+/// chunk's bytes are read in place; only the last `TAIL` of them are copied, with `WINDOW`
+/// zeros after, so that every read is one unaligned load without copying the chunk, and
+/// `window` gives `WINDOW` bytes from any byte up to the chunk's end.
 pub(super) struct BitReader<'a> {
     pub(super) bytes: &'a [u8],
     /// `bytes[tail_from..]` then zeros.
-    pub(super) tail: [u8; TAIL + 8],
+    pub(super) tail: [u8; TAIL + WINDOW],
     pub(super) tail_from: usize,
     pub(super) len_bits: usize,
     pub(super) pos: usize,
@@ -75,11 +76,14 @@ pub(super) struct BitReader<'a> {
 
 /// Bytes at the end of a chunk's raw bits that `BitReader` copies.
 pub(super) const TAIL: usize = 64;
+/// Bytes `BitReader::window` makes readable from its byte.
+pub(super) const WINDOW: usize = 64;
+const _: () = assert!(TAIL >= WINDOW);
 
 impl<'a> BitReader<'a> {
     pub(super) fn new(bytes: &'a [u8]) -> BitReader<'a> {
         let tail_from = bytes.len().saturating_sub(TAIL);
-        let mut tail = [0u8; TAIL + 8];
+        let mut tail = [0u8; TAIL + WINDOW];
         tail[..bytes.len() - tail_from].copy_from_slice(&bytes[tail_from..]);
         BitReader { bytes, tail, tail_from, len_bits: bytes.len() * 8, pos: 0 }
     }
@@ -98,6 +102,22 @@ impl<'a> BitReader<'a> {
             u64::from_le_bytes(self.tail[i..i + 8].try_into().unwrap())
         };
         word >> (at & 7)
+    }
+
+    /// A pointer to byte `byte` (at most the chunk's length) with `WINDOW` bytes readable
+    /// from it: the chunk's own, or near its end the tail's copy, zeros past the end.
+    #[inline(always)]
+    pub(super) fn window(&self, byte: usize) -> *const u8 {
+        debug_assert!(byte <= self.bytes.len());
+        if byte + WINDOW <= self.bytes.len() {
+            // SAFETY: `byte + WINDOW <= len`: inside the chunk.
+            unsafe { self.bytes.as_ptr().add(byte) }
+        } else {
+            // `byte > len - WINDOW >= tail_from` (`TAIL >= WINDOW`), or `tail_from` is 0: the
+            // tail holds `bytes[byte..]` from `byte - tail_from <= TAIL`, then zeros up to
+            // `TAIL + WINDOW`
+            self.tail[byte - self.tail_from..].as_ptr()
+        }
     }
 
     /// `n <= 32` bits from bit `*at` on, moving `*at` past them.
