@@ -385,3 +385,20 @@ def test_the_moved_modules_old_paths_import_the_same_module_with_a_warning(old, 
     with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)
+
+
+def test_build_cache_holds_the_tensors_themselves_and_grows():
+    """``build_cache`` gives each layer the caller's tensors (no copy: a restore never holds
+    the cache twice), and the cache goes on like one the model filled: a further token is
+    appended."""
+    gen = torch.Generator().manual_seed(7)
+    kv = [(torch.randn(1, 2, 5, 4, generator=gen), torch.randn(1, 2, 5, 4, generator=gen)) for _ in range(3)]
+    cache = build_cache(kv)
+    assert cache.get_seq_length() == 5
+    for (k, v), (held_k, held_v) in zip(kv, extract_kv(cache)):
+        assert held_k.data_ptr() == k.data_ptr() and held_v.data_ptr() == v.data_ptr()
+        assert torch.equal(held_k, k) and torch.equal(held_v, v)
+    step = torch.ones(1, 2, 1, 4)
+    keys, values = cache.update(step, 2 * step, 1)
+    assert keys.shape[2] == 6 and torch.equal(keys[:, :, :5], kv[1][0]) and torch.equal(values[:, :, 5:], 2 * step)
+    assert cache.get_seq_length(1) == 6 and cache.get_seq_length(0) == 5

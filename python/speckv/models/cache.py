@@ -46,24 +46,35 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
     has one, unless it holds more tokens than its window keeps: then a full layer, so that no
     token is dropped), and ``tokens`` (the prompt's length) is what a sliding layer has seen:
     it holds fewer, and the model's masks need the count."""
+    import transformers.cache_utils as cache_utils
     from transformers import DynamicCache
 
+    # transformers >= 5 keeps a cache's layers as objects (`None` before)
+    plain = getattr(cache_utils, "DynamicLayer", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     layers = getattr(cache, "layers", None)
     for i, (k, v) in enumerate(kv):
         layer = layers[i] if layers is not None and i < len(layers) else None
         window = getattr(layer, "sliding_window", None)
         if layers is not None and window is not None and k.shape[2] > int(window) - 1:
-            from transformers.cache_utils import DynamicLayer
-
-            layers[i] = layer = DynamicLayer()
-        cache.update(k, v, i)
-        # the update copies (a concatenation onto an empty layer): the layer takes the tensors
-        # themselves instead, the same values, so a restore never holds the cache twice
-        held = getattr(cache, "layers", None)
-        layer = held[i] if held is not None and i < len(held) else layer
-        if layer is not None and getattr(layer, "keys", None) is not None and layer.keys.shape == k.shape:
+            layers[i] = layer = plain()
+        made = layer if layer is not None else getattr(cache, "layer_class_to_replicate", None)
+        if plain is not None and layers is not None and (made is plain or type(made) is plain) and i <= len(layers):
+            # a plain layer takes the tensors themselves: its update concatenates them onto an
+            # empty tensor, a copy of the whole layer (the restore's largest copy); an update
+            # of no tokens makes the layer and its device and dtype
+            cache.update(k[:, :, :0], v[:, :, :0], i)
+            layer = cache.layers[i]
             layer.keys, layer.values = k, v
+        else:
+            cache.update(k, v, i)
+            # the update copies (a concatenation onto an empty layer): the layer takes the
+            # tensors themselves instead, the same values, so a restore never holds the cache
+            # twice
+            held = getattr(cache, "layers", None)
+            layer = held[i] if held is not None and i < len(held) else layer
+            if layer is not None and getattr(layer, "keys", None) is not None and layer.keys.shape == k.shape:
+                layer.keys, layer.values = k, v
         if tokens is not None and layer is not None and hasattr(layer, "cumulative_length"):
             layer.cumulative_length = int(tokens)
     return cache
