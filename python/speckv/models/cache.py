@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -50,7 +50,7 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
     from transformers import DynamicCache
 
     # transformers >= 5 keeps a cache's layers as objects (`None` before)
-    plain = getattr(cache_utils, "DynamicLayer", None)
+    plain: Any = getattr(cache_utils, "DynamicLayer", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     layers = getattr(cache, "layers", None)
     for i, (k, v) in enumerate(kv):
@@ -64,7 +64,7 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
             # empty tensor, a copy of the whole layer (the restore's largest copy); an update
             # of no tokens makes the layer and its device and dtype
             cache.update(k[:, :, :0], v[:, :, :0], i)
-            layer = cache.layers[i]
+            layer = cast(Any, cache.layers[i])
             layer.keys, layer.values = k, v
         else:
             cache.update(k, v, i)
