@@ -59,7 +59,7 @@ def build_cache(kv: KV, config: Any = None, tokens: int | None = None) -> Any:
         if layers is not None and window is not None and k.shape[2] > int(window) - 1:
             layers[i] = layer = plain()
         made = layer if layer is not None else getattr(cache, "layer_class_to_replicate", None)
-        if plain is not None and layers is not None and (made is plain or type(made) is plain) and i <= len(layers):
+        if plain is not None and layers is not None and (made is plain or type(made) is plain):
             # a plain layer takes the tensors themselves: its update concatenates them onto an
             # empty tensor, a copy of the whole layer (the restore's largest copy); an update
             # of no tokens makes the layer and its device and dtype

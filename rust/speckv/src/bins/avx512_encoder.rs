@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{places, Places};
-use super::tables::QUOTIENT_SHIFT;
+use super::tables::{CODING_BYTES, MAGIC_AT, QUOTIENT_SHIFT};
 use super::{Encoder, DEPTH_MAX, ESCAPE, HALF, NO_STEP, PRECISION, STATES, SYMBOLS};
 use crate::words::Word;
 
@@ -121,7 +121,10 @@ pub(super) unsafe fn steps_back(enc: &Encoder, steps: &[u32], state: &mut [u32; 
     let set = _mm512_set1_epi32;
     let zero = _mm512_setzero_si512();
     let tables = &enc.tables;
-    let (entries, magic) = (tables.entries.as_ptr() as *const i32, tables.magic.as_ptr() as *const i64);
+    let entries = tables.entries.as_ptr() as *const i32;
+    // each step's `Coding::magic`, read in place: 8-byte units from the first one's
+    const STRIDE: i32 = (CODING_BYTES / 8) as i32;
+    let magic = (tables.coding.as_ptr() as *const u8).add(MAGIC_AT) as *const i64;
     let lanes_down = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let states = tables.revision.states;
     let mut j = steps.len();
@@ -134,11 +137,12 @@ pub(super) unsafe fn steps_back(enc: &Encoder, steps: &[u32], state: &mut [u32; 
         let step = _mm512_loadu_si512(steps.as_ptr().add(j) as *const _);
         let placed = _mm512_cmpneq_epi32_mask(step, set(NO_STEP as i32));
         // SAFETY: a placed step is a (table, symbol) index with a frequency, inside `entries`
-        // and `magic`; other lanes are not read.
+        // and `coding` (below 2^16 entries: `step * 3` fits an i32); other lanes are not read.
         let entry = _mm512_mask_i32gather_epi32::<4>(zero, placed, step, entries);
-        let magic_low = _mm512_mask_i32gather_epi64::<8>(zero, placed as u8, _mm512_castsi512_si256(step), magic);
+        let units = _mm512_mullo_epi32(step, _mm512_set1_epi32(STRIDE));
+        let magic_low = _mm512_mask_i32gather_epi64::<8>(zero, placed as u8, _mm512_castsi512_si256(units), magic);
         let magic_high =
-            _mm512_mask_i32gather_epi64::<8>(zero, (placed >> 8) as u8, _mm512_extracti64x4_epi64::<1>(step), magic);
+            _mm512_mask_i32gather_epi64::<8>(zero, (placed >> 8) as u8, _mm512_extracti64x4_epi64::<1>(units), magic);
         let freq = _mm512_and_si512(entry, set(0xFFFF));
         let need = placed & _mm512_cmpge_epu32_mask(s, _mm512_slli_epi32::<{ 32 - PRECISION }>(freq));
         // the words, lane 15 first; at most sixteen, inside the room the caller left

@@ -13,24 +13,12 @@ impl BitWriter {
     /// Appends the `n` low bits of `v` (`v < 2^n`, `n <= 32`).
     #[inline(always)]
     pub(super) fn put(&mut self, v: u32, n: u32) {
-        debug_assert!(n <= 32 && (v as u64) < 1u64 << n);
-        // at most 7 + 32 bits: inside the accumulator
-        self.acc |= (v as u64) << self.n;
-        self.n += n;
-        let len = self.out.len();
-        self.out.reserve(8);
-        // SAFETY: `reserve(8)` left room for 8 bytes from `len`; the `n / 8 <= 4` whole bytes
-        // kept are initialised by this write.
-        unsafe {
-            (self.out.as_mut_ptr().add(len) as *mut u64).write_unaligned(self.acc.to_le());
-            self.out.set_len(len + (self.n >> 3) as usize);
-        }
-        self.acc >>= self.n & !7;
-        self.n &= 7;
+        self.put_all(&[v], &[n]);
     }
 
     /// `put` of each `(v, n)` in turn, with the writer's fields in registers (through
-    /// `&mut self`, every write to `out` could alias them, and each `put` kept them in memory).
+    /// `&mut self`, every write to `out` could alias them, and one `put` at a time kept them
+    /// in memory). Each value ORs into fewer than 8 waiting bits, at most 39 in all.
     #[inline(always)]
     pub(super) fn put_all<const N: usize>(&mut self, v: &[u32; N], n: &[u32; N]) {
         let (mut acc, mut bits) = (self.acc, self.n);

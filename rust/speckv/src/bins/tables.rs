@@ -13,7 +13,10 @@ use super::*;
 /// carry the quotient past an integer; tested for every frequency).
 pub(super) const QUOTIENT_SHIFT: u32 = 48;
 
+/// `repr(C)`: the vector encoder gathers `magic` from its place in the array
+/// (`MAGIC_AT`, `CODING_BYTES`).
 #[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
 pub(super) struct Coding {
     /// States at or above this are renormalised first: `f << (32 - PRECISION)`.
     pub(super) limit: u32,
@@ -21,6 +24,12 @@ pub(super) struct Coding {
     pub(super) start: u32,
     pub(super) magic: u64,
 }
+
+/// `Coding`'s size and where its `magic` sits, for the vector encoder's gathers.
+pub(super) const CODING_BYTES: usize = 24;
+pub(super) const MAGIC_AT: usize = 16;
+const _: () = assert!(std::mem::size_of::<Coding>() == CODING_BYTES);
+const _: () = assert!(std::mem::offset_of!(Coding, magic) == MAGIC_AT);
 
 impl Coding {
     pub(super) fn new(freq: u32, start: u32) -> Coding {
@@ -42,9 +51,6 @@ pub struct BinTables {
     /// Per (table, symbol): `freq | start << 16`.
     pub(super) entries: Vec<u32>,
     pub(super) coding: Vec<Coding>,
-    /// Per (table, symbol): `Coding::magic` (0 without a frequency), for the vector
-    /// encoder's gathers.
-    pub(super) magic: Vec<u64>,
     pub(super) digest: u64,
 }
 
@@ -144,8 +150,7 @@ impl BinTables {
                 start += f;
             }
         }
-        let magic = coding.iter().map(|c| c.magic).collect();
-        BinTables { revision, lut, entries, coding, magic, digest: h.finish() }
+        BinTables { revision, lut, entries, coding, digest: h.finish() }
     }
 
     pub fn digest(&self) -> u64 {
