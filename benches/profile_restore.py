@@ -12,7 +12,8 @@ The core's decode speed per core: the restore's own decode calls, recorded once 
 on one thread (best of ``--decode-rounds``), as scalars per second. ``--capture DIR`` writes
 those calls for ``cargo run --release --example decode_replay -- DIR/<predictor>`` (per call
 ``i``: ``i.stream``, ``i.mu`` float32, ``i.codes`` int16 broadcast to every scalar, and for the
-joint model ``i.outside``, ``i.coef``, ``i.offset`` with ``C T E`` in ``index.txt``), which
+joint model ``i.outside``, ``i.coef``, ``i.offset`` with ``C T E`` in ``index.txt``, and with the
+integer form ``i.scale``, ``i.icoef`` int16, ``i.unit`` and a fifth field 1), which
 times the same calls without Python and, with ``--reencode``, as this build codes them.
 
 The phases are wall time on the restoring thread (functions wrapped for the run; nothing in
@@ -182,10 +183,17 @@ def write_calls(calls: list[tuple[tuple[Any, ...], dict[str, Any]]], folder: str
         mu.astype(np.float32).tofile(f"{folder}/{i}.mu")
         codes.tofile(f"{folder}/{i}.codes")
         if joint:
-            channels, tokens, outside_channels, outside, coef, offset = joint
+            channels, tokens, outside_channels, outside, coef, offset, integer = joint
             for name, a in (("outside", outside), ("coef", coef), ("offset", offset)):
                 np.asarray(a, np.float32).tofile(f"{folder}/{i}.{name}")
-            lines.append(f"{i} {channels} {tokens} {outside_channels}")
+            line = f"{i} {channels} {tokens} {outside_channels}"
+            if integer is not None:
+                scale, icoef, unit = integer
+                np.asarray(scale, np.float32).tofile(f"{folder}/{i}.scale")
+                np.asarray(icoef, np.int16).tofile(f"{folder}/{i}.icoef")
+                np.asarray(unit, np.float32).tofile(f"{folder}/{i}.unit")
+                line += " 1"
+            lines.append(line)
         else:
             lines.append(str(i))
     with open(f"{folder}/index.txt", "w") as f:

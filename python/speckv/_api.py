@@ -55,7 +55,10 @@ class Joint:
     ``coef``: ``[layers, channels, outside_channels + channels]``; ``offset``: ``[layers,
     channels]``; ``outside``: ``[layers, outside_channels, tokens]`` residuals (``residuals``)
     or None. ``token_scale``: how `encode` adapts each token's sigmas (`TokenScale`; None
-    keeps the calibrated sigmas); the stream records it, so `decode` ignores this field."""
+    keeps the calibrated sigmas); the stream records it, so `decode` ignores this field.
+    ``integer``: the same model's integer form (`joint_integer`), or None: `encode` then
+    computes the sums in it (exact integers, ~3x faster than float32's) and the stream records
+    that; `decode` follows the stream, and needs it for a stream coded so."""
 
     channels: int
     tokens: int
@@ -63,6 +66,7 @@ class Joint:
     offset: Any
     outside: Any = None
     token_scale: TokenScale | None = DEFAULT_TOKEN_SCALE
+    integer: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def args(self) -> tuple[Any, ...]:
         # no copies for C-contiguous float32 arrays (a decode builds one per layer and block)
@@ -70,7 +74,22 @@ class Joint:
         outside = _EMPTY if self.outside is None else np.asarray(self.outside, np.float32)
         width = np.shape(self.coef)[-1] if np.ndim(self.coef) else 0
         e = int(width) - int(self.channels)
-        return (int(self.channels), int(self.tokens), e, np.ascontiguousarray(outside).reshape(-1), *flat)
+        return (int(self.channels), int(self.tokens), e, np.ascontiguousarray(outside).reshape(-1), *flat, self.integer)
+
+
+def joint_integer(channels: int, coef: Any, sigma: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A joint model's integer form (``Joint.integer``; the rule is in
+    ``rust/speckv/src/joint_integer.rs``): ``coef`` as ``Joint`` takes it (``[layers,
+    channels, outside + channels]``) and each source channel's residual sigma (``[layers,
+    outside + channels]``: the outside channels', then the stream's own) into flat arrays of
+    residual scales, int16 coefficients and units."""
+    width = int(np.shape(coef)[-1])
+    return _speckv.joint_integer(
+        int(channels),
+        width - int(channels),
+        np.ascontiguousarray(coef, dtype=np.float32).reshape(-1),
+        np.ascontiguousarray(sigma, dtype=np.float32).reshape(-1),
+    )
 
 
 def residuals(x: Any, mu: Any) -> np.ndarray:
@@ -202,12 +221,12 @@ def _options(
 def kernel_report() -> dict[str, str]:
     """The kernel each part of the core runs in this process (they differ by CPU and by
     ``SPECKV_SIMD``; every kernel of a part computes the same bits): the exact model's coder,
-    the bins model's decoder, the fast lane's decoder, the joint sums and the maps' sums.
-    Benchmarks print it beside their figures.
+    the bins model's decoder, the fast lane's decoder, the joint sums (float32 and integer
+    forms) and the maps' sums. Benchmarks print it beside their figures.
 
     >>> import speckv
     >>> sorted(speckv.kernel_report())
-    ['bins', 'exact', 'fast_lane', 'joint', 'maps']
+    ['bins', 'exact', 'fast_lane', 'joint', 'joint_integer', 'maps']
     """
     return dict(_speckv.kernel_report())
 

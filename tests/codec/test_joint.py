@@ -69,6 +69,22 @@ def test_layerwise_joint_round_trips_on_every_path(layerwise, mode):
         codec.joint = True
 
 
+def test_the_bins_model_codes_the_joint_sums_in_integers_and_either_form_decodes(calibrated):  # noqa: F811
+    """bfloat16 caches (the bins model, what ``compress`` picks) code the joint model's sums
+    in its integer form; the exact model (the GPU coder's) keeps the float form; one codec
+    reads both, each stream saying which."""
+    model, codec = calibrated
+    prompt = ids(40, 17)
+    cache = other_kernels(model, prompt)
+    forms = {}
+    for coder in ("bins", "exact"):
+        data = codec.compress(cache, prompt, "bf16", model=coder)
+        streams = speckv.info(data)["streams"]
+        forms[coder] = {(s["model"], s["joint"], s["joint_integer"]) for s in streams}
+        assert_same(codec, "bf16", cache, extract_kv(codec.decompress(data, prompt, dequantize=False)))
+    assert forms == {"bins": {("bins", True, True)}, "exact": {("exact", True, False)}}
+
+
 def test_whole_prompt_predictors_code_jointly_by_default(calibrated):  # noqa: F811
     model, codec = calibrated
     prompt = ids(24, 12)
@@ -220,9 +236,16 @@ def test_a_recalibrated_codec_codes_with_its_new_coefficients(calibrated):  # no
     cache = other_kernels(model, prompt)
     other.compress(cache, prompt, "fp8")  # builds the core's arrays for this calibration
     other.calibrate([ids(64, s) for s in range(10, 14)])
-    coef = other.params.joint_model("fp8", 1, 24, None, range(model.config.num_hidden_layers)).coef
+    joint = other.params.joint_model("fp8", 1, 24, None, range(model.config.num_hidden_layers), True)
+    coef = joint.coef
     c = coef.shape[1]
-    assert np.array_equal(coef, other.calibration.joint["fp8"]["coef"][:, c:, :].numpy())
+    fitted = other.calibration.joint["fp8"]
+    assert np.array_equal(coef, fitted["coef"][:, c:, :].numpy())
+    # and the integer form of the new coefficients (V: K's sigmas, then V's)
+    sigma = fitted["sigma"].reshape(len(coef), -1).numpy()
+    assert joint.integer is not None
+    for got, want in zip(joint.integer, speckv.joint_integer(c, coef, sigma)):
+        assert np.array_equal(got, want)
     data = other.compress(cache, prompt, "fp8")
     back = extract_kv(other.decompress(data, prompt, dequantize=False))
     assert_same(other, "fp8", cache, back)

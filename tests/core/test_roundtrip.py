@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import ml_dtypes
@@ -300,11 +301,13 @@ def test_vector_and_portable_kernels_write_and_read_the_same_bytes(dtype, wide):
     seed=st.integers(0, 2**32 - 1),
     dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn"]),
     token_scale=st.one_of(st.none(), st.builds(speckv.TokenScale, st.integers(1, 255), st.integers(1, 255))),
+    integer=st.booleans(),
 )
-def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, seed, dtype, token_scale):
+def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, seed, dtype, token_scale, integer):
     """The joint residual model on arbitrary coefficients (zeros included), outside channels,
-    sigmas, token scales and bit patterns: exact on every thread count, refused with other
-    coefficients; the decoder takes the token scale from the stream."""
+    sigmas, token scales and bit patterns, in its float or its integer form: exact on every
+    thread count, refused with other coefficients; the decoder takes the token scale and the
+    form from the stream (an integer-form stream needs the integer arrays)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 1 << (8 * np.dtype(DTYPES[dtype][1]).itemsize), (layers, channels, tokens)).astype(
         DTYPES[dtype][1]
@@ -321,15 +324,27 @@ def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, see
         rng.standard_normal((layers, outside, tokens)).astype(np.float32) if outside else None,
         token_scale,
     )
+    if integer:
+        # residual sigmas of every kind the calibration may hold, zeros included
+        source_sigma = np.exp2(rng.uniform(-12, 6, (layers, outside + channels))).astype(np.float32)
+        source_sigma[rng.random(source_sigma.shape) < 0.1] = 0.0
+        joint = dataclasses.replace(joint, integer=speckv.joint_integer(channels, coef, source_sigma))
     sigma = np.exp2(rng.uniform(-8, 4, (channels, 1))).astype(np.float32)
     data = speckv.encode(x, mu, sigma, chunk_size=channels * tokens, joint=joint)
     assert speckv.encode(x, mu, sigma, chunk_size=channels * tokens, joint=joint, threads=1) == data
     facts = speckv.info(data)
     assert facts["joint"] and facts["token_scale"] == (None if token_scale is None else token_scale.args())
-    bare = speckv.Joint(channels, tokens, joint.coef, joint.offset, joint.outside, None)
+    assert facts["joint_integer"] == integer
+    bare = dataclasses.replace(joint, token_scale=None)
     for threads in (1, 3):
         assert same_bits(speckv.decode(data, mu, sigma, joint=bare, threads=threads), x)
-    other = speckv.Joint(channels, tokens, coef + 1.0, joint.offset, joint.outside)
+    other = dataclasses.replace(joint, coef=coef + 1.0)
+    if integer:
+        a = joint.integer[1].copy()
+        a[0] = 1 if a[0] != 1 else 2
+        other = dataclasses.replace(joint, integer=(joint.integer[0], a, joint.integer[2]))
+        with pytest.raises(speckv.PredictionMismatchError, match="integer form"):
+            speckv.decode(data, mu, sigma, joint=dataclasses.replace(joint, integer=None))
     with pytest.raises(speckv.PredictionMismatchError):
         speckv.decode(data, mu, sigma, joint=other)
 

@@ -439,7 +439,7 @@ def test_assemble_refuses_what_does_not_fit():
     for dtype, shape, chunk, chunks, match in bad:
         with pytest.raises(speckv.SpeckvError, match=match):
             _speckv.assemble_predicted(dtype, shape, chunk, chunks)
-    joint = (2, 5, 0, np.zeros(0, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32))
+    joint = (2, 5, 0, np.zeros(0, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32), None)
     with pytest.raises(speckv.SpeckvError, match="joint"):  # 10 scalars: one layer of 2 x 5, but 2 chunks
         _speckv.assemble_predicted("bfloat16", [10], 5, ok, joint=(joint, None))
     with pytest.raises(speckv.SpeckvError, match="joint"):  # coefficients of the wrong size
@@ -448,7 +448,7 @@ def test_assemble_refuses_what_does_not_fit():
             [10],
             10,
             (np.zeros(10, np.uint8), np.array([10], np.uint32), np.zeros(1, np.uint64)),
-            joint=((2, 5, 0, joint[3], np.zeros(3, np.float32), joint[5]), None),
+            joint=((2, 5, 0, joint[3], np.zeros(3, np.float32), joint[5], None), None),
         )
 
 

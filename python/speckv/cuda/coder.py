@@ -229,7 +229,8 @@ def _encode(x: Any, mu: Any, codes: Any, chunk_size: int | None, joint: Any) -> 
         module.launch("speckv_joint_params", layers * t, [*args, np.array(layers * t, u64)], stream)
         run = np.where(plain, layer_scalars, t).astype(np.int32)
         runs = torch.from_numpy(run).to(x.device)
-        joint_args = (c, t, e, np.zeros(0, np.float32), coef.reshape(-1), offset.reshape(-1))
+        # the float form's sums (J1), the GPU coder's: no integer form
+        joint_args = (c, t, e, np.zeros(0, np.float32), coef.reshape(-1), offset.reshape(-1), None)
     capacity = lane_capacity(-(-chunk // 8))
     per_chunk = fingerprint_blocks(chunk)
     lengths = torch.empty(chunks, dtype=torch.int32, device=x.device)

@@ -142,16 +142,36 @@ impl<'py> PredictionArgs<'py> {
     }
 }
 
-/// `(channels, tokens, outside_channels, outside, coef, offset)`: the joint residual model's
-/// arguments (`speckv::joint::Joint`), float32 arrays flat.
-pub(crate) type JointArgs<'py> =
-    (usize, usize, usize, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, f32>);
+/// `(residual scales, integer coefficients, units)`: the joint model's integer form
+/// (`speckv::joint_integer::IntegerJoint`), flat.
+pub(crate) type IntegerArgs<'py> = (PyReadonlyArray1<'py, f32>, PyReadonlyArray1<'py, i16>, PyReadonlyArray1<'py, f32>);
+
+/// `(channels, tokens, outside_channels, outside, coef, offset, integer)`: the joint residual
+/// model's arguments (`speckv::joint::Joint`), float32 arrays flat, and its integer form or
+/// `None`.
+pub(crate) type JointArgs<'py> = (
+    usize,
+    usize,
+    usize,
+    PyReadonlyArray1<'py, f32>,
+    PyReadonlyArray1<'py, f32>,
+    PyReadonlyArray1<'py, f32>,
+    Option<IntegerArgs<'py>>,
+);
 
 /// The core's joint model over `joint`'s arrays (borrowed); `contiguous` names the arrays
 /// in the error when one is not contiguous.
 pub(crate) fn joint_of<'a>(joint: &'a JointArgs<'_>, contiguous: &str) -> PyResult<speckv::joint::Joint<'a>> {
-    let (channels, tokens, outside_channels, outside, coef, offset) = joint;
+    let (channels, tokens, outside_channels, outside, coef, offset, integer) = joint;
     let error = |_| PyValueError::new_err(format!("{contiguous} must be C-contiguous"));
+    let integer = match integer {
+        Some((scale, coef, unit)) => Some(speckv::joint_integer::IntegerJoint {
+            scale: scale.as_slice().map_err(error)?,
+            coef: coef.as_slice().map_err(error)?,
+            unit: unit.as_slice().map_err(error)?,
+        }),
+        None => None,
+    };
     Ok(speckv::joint::Joint {
         channels: *channels,
         tokens: *tokens,
@@ -159,6 +179,7 @@ pub(crate) fn joint_of<'a>(joint: &'a JointArgs<'_>, contiguous: &str) -> PyResu
         outside: outside.as_slice().map_err(error)?,
         coef: coef.as_slice().map_err(error)?,
         offset: offset.as_slice().map_err(error)?,
+        integer,
     })
 }
 

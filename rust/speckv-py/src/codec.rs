@@ -261,6 +261,7 @@ pub(crate) fn header_dict<'py>(py: Python<'py>, h: &Header, stream_len: usize) -
         },
     )?;
     d.set_item("joint", h.flags & speckv::format::header::FLAG_JOINT != 0)?;
+    d.set_item("joint_integer", h.flags & speckv::format::header::FLAG_JOINT_INT != 0)?;
     d.set_item("token_scale", h.token_scale.map(|s| (s.prior, s.clamp)))?;
     d.set_item("lanes", h.lanes)?;
     d.set_item("n_scalars", h.n_scalars)?;

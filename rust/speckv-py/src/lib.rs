@@ -17,7 +17,7 @@ use container::{container_info, container_write, entry_checksum, stream_cut, str
 use errors::{ChecksumError, CorruptStreamError, PredictionMismatchError, SpeckvError, UnsupportedStreamError};
 use kernel_info::{cuda_sources, fast_lane_kernel, kernel_report, kernels};
 use maps::{map_heads, map_kernel, PyLinearMap};
-use params::{channel_sums, exact_tables, relative_sigma_codes, residuals, sigma_codes};
+use params::{channel_sums, exact_tables, joint_integer, relative_sigma_codes, residuals, sigma_codes};
 
 #[pymodule]
 fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -37,6 +37,7 @@ fn _speckv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(entry_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(stream_cut, m)?)?;
     m.add_function(wrap_pyfunction!(residuals, m)?)?;
+    m.add_function(wrap_pyfunction!(joint_integer, m)?)?;
     m.add_function(wrap_pyfunction!(container_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sources, m)?)?;
     m.add_function(wrap_pyfunction!(exact_tables, m)?)?;

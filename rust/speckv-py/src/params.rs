@@ -60,6 +60,27 @@ pub(crate) fn relative_sigma_codes<'py>(
     Ok(PyArray1::from_vec(py, codes))
 }
 
+/// The integer form's `(residual scales, integer coefficients, units)` as numpy arrays.
+type IntegerArrays<'py> = (Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<i16>>, Bound<'py, PyArray1<f32>>);
+
+/// The joint model's integer form (`speckv::joint_integer::build`): `coef` (`layers x
+/// channels x (outside + channels)`) and each source channel's sigma (`layers x (outside +
+/// channels)`) into `(residual scales, integer coefficients, units)`.
+#[pyfunction]
+pub(crate) fn joint_integer<'py>(
+    py: Python<'py>,
+    channels: usize,
+    outside: usize,
+    coef: PyReadonlyArray1<'py, f32>,
+    sigma: PyReadonlyArray1<'py, f32>,
+) -> PyResult<IntegerArrays<'py>> {
+    let error = |_| PyValueError::new_err("coef and sigma must be C-contiguous");
+    let (coef, sigma) = (coef.as_slice().map_err(error)?, sigma.as_slice().map_err(error)?);
+    let (scale, a, unit) =
+        py.allow_threads(|| speckv::joint_integer::build(channels, outside, coef, sigma)).map_err(to_py)?;
+    Ok((PyArray1::from_vec(py, scale), PyArray1::from_vec(py, a), PyArray1::from_vec(py, unit)))
+}
+
 /// `value(x) - mu` per scalar in float32, 0 where not finite: the residuals the joint model
 /// conditions on (`speckv::joint::residuals`), computed here so that encoder and decoder use
 /// the same ones.

@@ -39,6 +39,7 @@ fn main() {
             outside: &outside[..layers * e * t],
             coef: &coef[..layers * c * (e + c)],
             offset: &offset,
+            integer: None,
         });
         let p = Prediction { mu: &mu, sigma: sigma.clone(), joint };
         for model in [ModelKind::Exact, ModelKind::Bins] {

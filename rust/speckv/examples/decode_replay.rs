@@ -1,20 +1,23 @@
 //! Replays the core decode calls of a restore, one thread, and prints their speed: the
 //! calls as `benches/profile_restore.py --capture DIR` writes them (per call `i`: `i.stream`,
 //! `i.mu` float32, `i.codes` int16 broadcast to every scalar, and for the joint model
-//! `i.outside`, `i.coef`, `i.offset` float32 with `C T E` in `index.txt`):
+//! `i.outside`, `i.coef`, `i.offset` float32 with `C T E` in `index.txt`, and with the joint
+//! model's integer form `i.scale`, `i.icoef` int16, `i.unit` and a fifth field 1):
 //! `cargo run --release --example decode_replay -- DIR [ROUNDS] [--reencode]` (`--reencode`:
 //! the decoded caches coded again by this build first, then timed: a format revision's speed
 //! and size on the same caches; `--encode`: that coding timed too, one thread, with a digest of
 //! the streams it writes).
 use speckv::joint::Joint;
+use speckv::joint_integer::IntegerJoint;
 use speckv::{decode_into, info, BitsMut, Prediction, SigmaCodes};
 
 fn floats(path: &str) -> Vec<f32> {
     std::fs::read(path).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
 }
 
-/// The joint model's `C T E` and its `outside`, `coef` and `offset` arrays.
-type JointArrays = (usize, usize, usize, Vec<f32>, Vec<f32>, Vec<f32>);
+/// The joint model's `C T E` and its `outside`, `coef` and `offset` arrays, and its integer
+/// form's (`scale`, `icoef`, `unit`) where captured.
+type JointArrays = (usize, usize, usize, Vec<f32>, Vec<f32>, Vec<f32>, Option<(Vec<f32>, Vec<i16>, Vec<f32>)>);
 
 struct Call {
     index: usize,
@@ -57,8 +60,14 @@ fn main() {
                 stream,
                 mu: floats(&p("mu")),
                 codes: codes.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect(),
-                joint: (f.len() == 4)
-                    .then(|| (f[1], f[2], f[3], floats(&p("outside")), floats(&p("coef")), floats(&p("offset")))),
+                joint: (f.len() >= 4).then(|| {
+                    let integer = (f.len() == 5).then(|| {
+                        let icoef = std::fs::read(p("icoef")).unwrap();
+                        let icoef = icoef.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
+                        (floats(&p("scale")), icoef, floats(&p("unit")))
+                    });
+                    (f[1], f[2], f[3], floats(&p("outside")), floats(&p("coef")), floats(&p("offset")), integer)
+                }),
             }
         })
         .collect();
@@ -154,13 +163,14 @@ fn with_prediction<R>(c: &Call, f: impl FnOnce(&Prediction) -> R) -> R {
         strides[d] = strides[d + 1] * shape[d + 1];
     }
     let sigma = SigmaCodes::new(&c.codes, shape, &strides).unwrap();
-    let joint = c.joint.as_ref().map(|(channels, tokens, e, outside, coef, offset)| Joint {
+    let joint = c.joint.as_ref().map(|(channels, tokens, e, outside, coef, offset, integer)| Joint {
         channels: *channels,
         tokens: *tokens,
         outside_channels: *e,
         outside,
         coef,
         offset,
+        integer: integer.as_ref().map(|(scale, coef, unit)| IntegerJoint { scale, coef, unit }),
     });
     f(&Prediction { mu: &c.mu, sigma, joint })
 }

@@ -37,6 +37,7 @@ use std::sync::OnceLock;
 use crate::dtype::DType;
 use crate::error::{invalid, Result};
 use crate::hash::{plain_bytes, Hasher};
+use crate::joint_integer::IntegerJoint;
 use crate::words::Word;
 
 /// A joint residual model for a stream of whole layers (see the module's notes).
@@ -52,6 +53,9 @@ pub struct Joint<'a> {
     /// `layers x C x (E + C)` coefficients and `layers x C` offsets.
     pub coef: &'a [f32],
     pub offset: &'a [f32],
+    /// The integer form of the same model (`crate::joint_integer`, invariant J4), where the
+    /// stream is coded in it (`FLAG_JOINT_INT`); its offsets are `offset`.
+    pub integer: Option<IntegerJoint<'a>>,
 }
 
 impl<'a> Joint<'a> {
@@ -96,6 +100,9 @@ impl<'a> Joint<'a> {
                 return invalid(format!("joint: {got} {what} given, {want} expected for {layers} layers"));
             }
         }
+        if let Some(integer) = &self.integer {
+            integer.check(layers, self.channels, self.outside_channels)?;
+        }
         Ok(layers)
     }
 
@@ -117,9 +124,21 @@ impl<'a> Joint<'a> {
         for v in [self.channels, self.tokens, self.outside_channels] {
             h.update(&(v as u64).to_le_bytes());
         }
-        let rows = self.channels * self.width();
-        h.update(plain_bytes(&self.coef[layer * rows..(layer + 1) * rows]));
-        h.update(plain_bytes(&self.offset[layer * self.channels..(layer + 1) * self.channels]));
+        let (w, c) = (self.width(), self.channels);
+        match &self.integer {
+            // what the integer form computes with (J4), not the float coefficients (whose
+            // zeros it shares: `is_plain`)
+            Some(integer) => {
+                let row = crate::joint_integer::even(self.outside_channels) + crate::joint_integer::even(c);
+                h.update(b"J4");
+                h.update(&[self.is_plain(layer) as u8]);
+                h.update(plain_bytes(&integer.scale[layer * w..(layer + 1) * w]));
+                h.update(plain_bytes(&integer.coef[layer * c * row..(layer + 1) * c * row]));
+                h.update(plain_bytes(&integer.unit[layer * c..(layer + 1) * c]));
+            }
+            None => h.update(plain_bytes(&self.coef[layer * c * w..(layer + 1) * c * w])),
+        }
+        h.update(plain_bytes(&self.offset[layer * c..(layer + 1) * c]));
         h.finish()
     }
 
@@ -510,8 +529,15 @@ mod tests {
             let coef: Vec<f32> =
                 (0..layers * c * (e + c)).map(|k| if k % 5 == 0 { 0.0 } else { next() * 1e-3 }).collect();
             let offset: Vec<f32> = (0..layers * c).map(|_| next()).collect();
-            let j =
-                Joint { channels: c, tokens: t, outside_channels: e, outside: &outside, coef: &coef, offset: &offset };
+            let j = Joint {
+                channels: c,
+                tokens: t,
+                outside_channels: e,
+                outside: &outside,
+                coef: &coef,
+                offset: &offset,
+                integer: None,
+            };
             let own: Vec<f32> = (0..c * t).map(|_| next() * 1e4).collect();
             let mu: Vec<f32> = (0..t).map(|_| next() * 1e-2).collect();
             for layer in 0..layers {
@@ -538,8 +564,15 @@ mod tests {
             let coef: Vec<f32> =
                 (0..layers * c * (e + c)).map(|k| if k % 5 == 0 { 0.0 } else { next() * 1e-3 }).collect();
             let offset: Vec<f32> = (0..layers * c).map(|_| if next() > 1.0 { -0.0 } else { next() }).collect();
-            let j =
-                Joint { channels: c, tokens: t, outside_channels: e, outside: &outside, coef: &coef, offset: &offset };
+            let j = Joint {
+                channels: c,
+                tokens: t,
+                outside_channels: e,
+                outside: &outside,
+                coef: &coef,
+                offset: &offset,
+                integer: None,
+            };
             let own: Vec<f32> = (0..c * t).map(|_| next() * 1e4).collect();
             let mu: Vec<f32> = (0..t).map(|_| next() * 1e-2).collect();
             let mut acc = vec![0f32; BLOCK * t];
@@ -588,6 +621,7 @@ mod tests {
             outside: &[1.0, 2.0, 3.0],
             coef: &[0.5, 9.0, 9.0, 0.25, -1.0, 9.0],
             offset: &[0.125, 0.0],
+            integer: None,
         };
         joint.check(6, 6).unwrap();
         let mut out = [0.0; 3];

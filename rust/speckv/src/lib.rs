@@ -8,7 +8,8 @@
 //! Where to find things: the coder and its invariants in [`coder`], the tables and adaptive
 //! models in [`model`], the byte layout in [`format::header`], per-chunk coding in [`chunk`],
 //! static-table coding in [`fast_lane`] (predictor-free) and [`bins`] (predicted),
-//! the joint residual model in [`joint`] and its per-token sigma in [`token_scale`],
+//! the joint residual model in [`joint`] (its integer form in [`joint_integer`]) and its
+//! per-token sigma in [`token_scale`],
 //! threading in [`parallel`].
 
 // Streams and fingerprints are defined little-endian, and the fingerprint hashes numbers in
@@ -27,6 +28,7 @@ pub mod fast_lane;
 pub mod format;
 pub mod hash;
 pub mod joint;
+pub mod joint_integer;
 pub mod linear_map;
 pub mod model;
 pub mod parallel;
@@ -51,15 +53,16 @@ pub use token_scale::TokenScale;
 pub use words::{Bits, BitsMut, Word};
 
 /// The kernel each part of the core runs in this process, by part: the exact model's coder,
-/// the bins model's decoder, the fast lane's decoder, the joint sums and the maps' integer
-/// sums. Every kernel of a part computes the same bits; benchmarks print these beside their
-/// figures, since speeds differ by kernel and CPU.
-pub fn kernel_report() -> [(&'static str, &'static str); 5] {
+/// the bins model's decoder, the fast lane's decoder, the joint sums (float32 and integer
+/// forms) and the maps' integer sums. Every kernel of a part computes the same bits;
+/// benchmarks print these beside their figures, since speeds differ by kernel and CPU.
+pub fn kernel_report() -> [(&'static str, &'static str); 6] {
     [
         ("exact", exact::kernels()),
         ("bins", bins::kernel()),
         ("fast_lane", fast_lane::kernel()),
         ("joint", joint::kernel()),
+        ("joint_integer", joint_integer::kernel()),
         ("maps", linear_map::kernel_name()),
     ]
 }

@@ -57,7 +57,15 @@ fn case(seed: u64) -> Case {
 }
 
 fn joint(c: &Case) -> Joint<'_> {
-    Joint { channels: CHANNELS, tokens: TOKENS, outside_channels: 0, outside: &[], coef: &c.coef, offset: &c.offset }
+    Joint {
+        channels: CHANNELS,
+        tokens: TOKENS,
+        outside_channels: 0,
+        outside: &[],
+        coef: &c.coef,
+        offset: &c.offset,
+        integer: None,
+    }
 }
 
 const SHAPE: [u64; 3] = [LAYERS as u64, CHANNELS as u64, TOKENS as u64];
@@ -140,6 +148,7 @@ fn outside_channels_condition_the_stream() {
         outside: &outside,
         coef: &coef,
         offset: &c.offset,
+        integer: None,
     };
     let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(j) };
     let opts = EncodeOptions { chunk_scalars: (2 * CHANNELS * TOKENS) as u32, ..Default::default() };
@@ -257,4 +266,64 @@ fn jointly_coded_layers_coded_apart_join_into_the_whole_stream() {
     for (l, part) in parts.iter().enumerate() {
         assert_eq!(&speckv::format::splice::cut(&whole, l..l + 1).unwrap(), part);
     }
+}
+
+/// The integer form's arrays (`speckv::joint_integer::build`) of a case whose residuals have
+/// sigma 0.1 on channel 0 and about 0.012 on the rest.
+fn integer_arrays(c: &Case) -> (Vec<f32>, Vec<i16>, Vec<f32>) {
+    let sigma: Vec<f32> = (0..LAYERS * CHANNELS).map(|k| if k % CHANNELS == 0 { 0.1 } else { 0.012 }).collect();
+    speckv::joint_integer::build(CHANNELS, 0, &c.coef, &sigma).unwrap()
+}
+
+#[test]
+fn the_integer_form_round_trips_on_any_thread_count_and_model_and_costs_about_the_float_forms_bits() {
+    use speckv::format::header::{FLAG_JOINT, FLAG_JOINT_INT};
+    use speckv::joint_integer::IntegerJoint;
+    use speckv::ModelKind;
+    let c = case(7);
+    let (scale, coef, unit) = integer_arrays(&c);
+    let integer = IntegerJoint { scale: &scale, coef: &coef, unit: &unit };
+    let with = Joint { integer: Some(integer), ..joint(&c) };
+    let pred = Prediction { mu: &c.mu, sigma: sigma(&c.codes), joint: Some(with) };
+    let float = Prediction { joint: Some(joint(&c)), ..pred.clone() };
+    for model in [ModelKind::Exact, ModelKind::Bins] {
+        for scale in [None, Some(TokenScale::default())] {
+            let mut opts = EncodeOptions {
+                chunk_scalars: (CHANNELS * TOKENS) as u32,
+                model,
+                token_scale: scale,
+                ..Default::default()
+            };
+            let one = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+            let flags = info(&one).unwrap().flags;
+            assert_eq!(flags & (FLAG_JOINT | FLAG_JOINT_INT), FLAG_JOINT | FLAG_JOINT_INT);
+            opts.threads = 3;
+            assert_eq!(encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap(), one);
+            for threads in [1, 2, 3] {
+                let mut out = vec![0u16; c.x.len()];
+                decode_into(&one, BitsMut::U16(&mut out), Some(&pred), threads).unwrap();
+                assert_eq!(out, c.x, "{model:?} {scale:?} threads {threads}");
+            }
+            // without the integer arrays the stream is refused, not misread
+            let mut out = vec![0u16; c.x.len()];
+            let err = decode_into(&one, BitsMut::U16(&mut out), Some(&float), 1).unwrap_err();
+            assert!(matches!(err, Error::PredictionMismatch(_)), "{err:?}");
+            // a float-form stream decodes as before even where the integer arrays are given
+            let old = encode(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&float), &opts).unwrap();
+            assert_eq!(info(&old).unwrap().flags & FLAG_JOINT_INT, 0);
+            decode_into(&old, BitsMut::U16(&mut out), Some(&pred), 2).unwrap();
+            assert_eq!(out, c.x);
+            // other integer coefficients: refused by the chunks' fingerprints
+            let mut other = coef.clone();
+            other[CHANNELS] += 1; // layer 0: channel 1's coefficient on channel 0
+            let wrong = Joint { integer: Some(IntegerJoint { coef: &other, ..integer }), ..joint(&c) };
+            let wrong = Prediction { joint: Some(wrong), ..pred.clone() };
+            let err = decode_into(&one, BitsMut::U16(&mut out), Some(&wrong), 1).unwrap_err();
+            assert!(matches!(err, Error::PredictionMismatch(_)), "{err:?}");
+        }
+    }
+    let opts = EncodeOptions { chunk_scalars: (CHANNELS * TOKENS) as u32, ..Default::default() };
+    let int_bits = ideal_bits(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&pred), &opts).unwrap();
+    let float_bits = ideal_bits(Bits::U16(&c.x), DType::BFloat16, &SHAPE, Some(&float), &opts).unwrap();
+    assert!((int_bits - float_bits).abs() < 0.005 * float_bits, "{int_bits} vs {float_bits}");
 }

@@ -133,6 +133,7 @@ fuzz_target!(|case: Case| {
         outside: &outside,
         coef: &coef,
         offset: &offset,
+        integer: None,
     });
     let prediction = Prediction { mu: &mu, sigma, joint };
     let prediction = case.predicted.then_some(&prediction);

@@ -8,8 +8,9 @@ use crate::bins;
 use crate::chunk::{unclean_end, ModelKind, PredictedModel, StreamModel, LANES, LANES_V1};
 use crate::error::{invalid, Error, Result};
 use crate::fast_lane;
-use crate::format::header::{Header, FLAG_JOINT};
+use crate::format::header::{Header, FLAG_JOINT, FLAG_JOINT_INT};
 use crate::hash::matches;
+use crate::joint::Joint;
 use crate::parallel::for_each_piece_mut;
 use crate::prediction::{codes_and_fingerprint, Prediction};
 use crate::words::{BitsMut, Word};
@@ -213,6 +214,25 @@ pub fn decode_parsed(
             header.dtype.name()
         ));
     }
+    // the joint model's form is the stream's (`FLAG_JOINT_INT`): a caller may give both
+    let chosen;
+    let prediction = match prediction {
+        Some(p) if p.joint.is_some() && header.flags & FLAG_JOINT != 0 => {
+            let joint = p.joint.expect("checked above");
+            let integer = header.flags & FLAG_JOINT_INT != 0;
+            if integer && joint.integer.is_none() {
+                return Err(Error::PredictionMismatch(
+                    "the stream was coded with the joint model's integer form; give its arrays to decode".into(),
+                ));
+            }
+            chosen = Prediction {
+                joint: Some(Joint { integer: if integer { joint.integer } else { None }, ..joint }),
+                ..p.clone()
+            };
+            Some(&chosen)
+        }
+        other => other,
+    };
     match (header.predicted(), prediction) {
         (true, None) => {
             return Err(Error::PredictionMismatch("the stream was coded with mu/sigma; give the same to decode".into()))

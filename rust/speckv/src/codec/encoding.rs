@@ -11,8 +11,8 @@ use crate::dtype::DType;
 use crate::error::{invalid, Error, Result};
 use crate::fast_lane;
 use crate::format::header::{
-    chunk_count, ChunkEntry, Header, FAST_LANE_VERSION, FLAG_FAST_LANE, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_PREDICTED,
-    FLAG_TOKEN_SCALE, FLAG_TORCH_HINT,
+    chunk_count, ChunkEntry, Header, FAST_LANE_VERSION, FLAG_FAST_LANE, FLAG_FAST_MODEL, FLAG_JOINT, FLAG_JOINT_INT,
+    FLAG_PREDICTED, FLAG_TOKEN_SCALE, FLAG_TORCH_HINT,
 };
 use crate::hash::checksum;
 use crate::joint::Joint;
@@ -86,6 +86,7 @@ pub fn encode(
     });
     let flags = if prediction.is_some() { FLAG_PREDICTED } else { 0 }
         | if prediction.is_some_and(|p| p.joint.is_some()) { FLAG_JOINT } else { 0 }
+        | if prediction.is_some_and(|p| p.joint.is_some_and(|j| j.integer.is_some())) { FLAG_JOINT_INT } else { 0 }
         | if model.token_scale.is_some() { FLAG_TOKEN_SCALE } else { 0 }
         | if prediction.is_some() && options.model.for_dtype(dtype) == ModelKind::Fast { FLAG_FAST_MODEL } else { 0 };
     let payloads = payloads.iter().map(|(bytes, fingerprint)| (bytes.as_slice(), *fingerprint));
@@ -138,6 +139,7 @@ fn encode_bins(
     let flags = FLAG_PREDICTED
         | FLAG_FAST_LANE
         | if p.joint.is_some() { FLAG_JOINT } else { 0 }
+        | if p.joint.is_some_and(|j| j.integer.is_some()) { FLAG_JOINT_INT } else { 0 }
         | if model.token_scale.is_some() { FLAG_TOKEN_SCALE } else { 0 };
     let payloads = payloads.iter().map(|(bytes, fingerprint)| (bytes.as_slice(), *fingerprint));
     write_stream(model, shape, options, flags, payloads, n_chunks)
@@ -262,6 +264,8 @@ pub fn assemble_predicted(
     let mut flags = FLAG_PREDICTED;
     let mut prints = fingerprints.to_vec();
     if let Some(j) = joint {
+        // chunks coded elsewhere (the GPU) take the float form's sums (J1)
+        let j = &Joint { integer: None, ..*j };
         j.check_parameters(n as usize, options.chunk_scalars as usize)?;
         flags |= FLAG_JOINT;
         if let Some(scale) = options.token_scale {

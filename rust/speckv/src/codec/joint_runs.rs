@@ -4,6 +4,7 @@
 use crate::chunk::StreamModel;
 use crate::hash::Hasher;
 use crate::joint::{residuals, residuals_of, values_into, Joint, BLOCK};
+use crate::joint_integer::{block, even, finish, interleave, quantise_row, IntegerJoint, BLOCK as INT_BLOCK};
 use crate::token_scale::TokenEnergy;
 use crate::words::Word;
 
@@ -76,6 +77,9 @@ fn joint_runs_body<W: Word>(
     start: usize,
     mut code_run: impl FnMut(&mut [W], &[f32], &[i16]),
 ) {
+    if let Some(integer) = &joint.integer {
+        return integer_runs(model, joint, integer, x, mu, codes, start, code_run);
+    }
     let (t, per_layer, dtype) = (joint.tokens, joint.layer_scalars(), model.dtype);
     let mut own = vec![0f32; per_layer];
     let mut corrected = vec![0f32; t];
@@ -126,6 +130,106 @@ fn joint_runs_body<W: Word>(
     }
 }
 
+/// `joint_runs_body` for a stream in the integer form (`crate::joint_integer`, invariant J4):
+/// each layer's residuals quantised into a pair-interleaved buffer (the outside channels' at
+/// the layer's start, each own channel's once it is coded), each block of channels' sums over
+/// the sources before it in one integer pass, the block's own earlier channels added per
+/// channel.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn integer_runs<W: Word>(
+    model: &StreamModel,
+    joint: &Joint,
+    integer: &IntegerJoint,
+    x: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+    start: usize,
+    mut code_run: impl FnMut(&mut [W], &[f32], &[i16]),
+) {
+    let (t, per_layer, dtype) = (joint.tokens, joint.layer_scalars(), model.dtype);
+    let (c, e) = (joint.channels, joint.outside_channels);
+    let (ep, width) = (even(e), e + c);
+    let row_len = ep + even(c);
+    // the sources' residuals in pairs (the block sums'), and the own channels' row by row
+    // (the last terms'); a pair is written once both its channels are coded
+    let mut q = vec![0i16; row_len * t];
+    let mut own_q = vec![0i16; (c + 1) * t];
+    let mut outside_q = vec![0i16; 2 * t];
+    let mut own = vec![0f32; t];
+    let mut corrected = vec![0f32; t];
+    let mut acc = vec![0i32; INT_BLOCK * t];
+    let zero_row = vec![0i16; row_len];
+    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t], vec![0f32; t]));
+    for local in (0..x.len()).step_by(per_layer) {
+        let layer = (start + local) / per_layer;
+        if joint.is_plain(layer) {
+            // invariant J2: the layer against mu as it is, one run
+            let run = local..local + per_layer;
+            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
+            continue;
+        }
+        if let Some((en, _, _)) = &mut energy {
+            en.reset();
+        }
+        let scale = &integer.scale[layer * width..(layer + 1) * width];
+        let rows = &integer.coef[layer * c * row_len..(layer + 1) * c * row_len];
+        let outside = &joint.outside[layer * e * t..(layer + 1) * e * t];
+        for p in 0..ep / 2 {
+            outside_q.fill(0); // an odd count's last pair: its second source is 0
+            for h in 0..2 {
+                if let Some(source) = outside.chunks_exact(t).nth(2 * p + h) {
+                    quantise_row(source, scale[2 * p + h], &mut outside_q[h * t..(h + 1) * t]);
+                }
+            }
+            let (first, second) = outside_q.split_at(t);
+            interleave(first, second, p, t, &mut q);
+        }
+        for i in 0..c {
+            let i0 = i / INT_BLOCK * INT_BLOCK;
+            if i == i0 {
+                // the sources before the block: every outside channel, own channels ..i0
+                let block_rows: [&[i16]; INT_BLOCK] = std::array::from_fn(|k| {
+                    if i0 + k < c {
+                        &rows[(i0 + k) * row_len..(i0 + k + 1) * row_len]
+                    } else {
+                        &zero_row[..]
+                    }
+                });
+                block(block_rows, &q, t, (ep + i0) / 2, &mut acc);
+            }
+            let run = local + i * t..local + (i + 1) * t;
+            let base = &mu[start + run.start..start + run.end];
+            let ch = layer * c + i;
+            let row = &rows[i * row_len..(i + 1) * row_len];
+            let sums = &acc[(i - i0) * t..(i - i0 + 1) * t];
+            let earlier = &own_q[i0 * t..i * t];
+            finish(row, ep, i0, earlier, sums, joint.offset[ch], integer.unit[ch], base, &mut corrected);
+            let calibrated = &codes[run.clone()];
+            match &mut energy {
+                Some((en, scaled, values)) => {
+                    en.codes(i, calibrated, scaled);
+                    code_run(&mut x[run.clone()], &corrected, scaled);
+                    values_into(dtype, &x[run], values);
+                    en.add(values, &corrected, calibrated);
+                    residuals_of(values, base, &mut own);
+                }
+                None => {
+                    code_run(&mut x[run.clone()], &corrected, calibrated);
+                    residuals(dtype, &x[run], base, &mut own);
+                }
+            }
+            quantise_row(&own, scale[e + i], &mut own_q[i * t..(i + 1) * t]);
+            if i % 2 == 1 || i + 1 == c {
+                // channel i - 1's pair complete (an odd count's last pair: row c is 0)
+                let j = i / 2 * 2;
+                let (first, second) = own_q[j * t..(j + 2) * t].split_at(t);
+                interleave(first, second, (ep + j) / 2, t, &mut q);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,7 +274,15 @@ mod tests {
         let small = |v: u32| (v % 2000) as f32 * 1e-3 - 1.0;
         let coef: Vec<f32> = (0..layers * c * c).map(|k| if k % 4 == 0 { 0.0 } else { small(next()) }).collect();
         let offset: Vec<f32> = (0..layers * c).map(|_| small(next())).collect();
-        let joint = Joint { channels: c, tokens: t, outside_channels: 0, outside: &[], coef: &coef, offset: &offset };
+        let joint = Joint {
+            channels: c,
+            tokens: t,
+            outside_channels: 0,
+            outside: &[],
+            coef: &coef,
+            offset: &offset,
+            integer: None,
+        };
         for scale in [None, Some(TokenScale::default())] {
             let mut model = StreamModel::new(DType::BFloat16, ModelParams::default(), ModelKind::Bins, 1, 1);
             model.token_scale = scale;

@@ -6,7 +6,7 @@
 //! 4       2           format version (2; with FLAG_FAST_LANE 3, or 4 with FLAG_PREDICTED;
 //!                     versions 1 and predicted 3 are read too)
 //! 6       2           flags (FLAG_PREDICTED, FLAG_TORCH_HINT, FLAG_FAST_MODEL, FLAG_JOINT,
-//!                     FLAG_TOKEN_SCALE, FLAG_FAST_LANE; others 0)
+//!                     FLAG_TOKEN_SCALE, FLAG_FAST_LANE, FLAG_JOINT_INT; others 0)
 //! 8       1           dtype code (DType discriminant)
 //! 9       1           ndim (0..=8)
 //! 10      1           coder lanes per chunk (8; with FLAG_FAST_LANE, rANS states: 32, or
@@ -85,8 +85,16 @@ pub const FLAG_TOKEN_SCALE: u16 = 1 << 4;
 /// Coded with static tables and rANS: predictor-free (`crate::fast_lane`, version 3), or with
 /// `FLAG_PREDICTED` the bins model (`crate::bins`: version 4, version 3 still read).
 pub const FLAG_FAST_LANE: u16 = 1 << 5;
-const KNOWN_FLAGS: u16 =
-    FLAG_PREDICTED | FLAG_TORCH_HINT | FLAG_FAST_MODEL | FLAG_JOINT | FLAG_TOKEN_SCALE | FLAG_FAST_LANE;
+/// The joint model's sums in its integer form (`crate::joint_integer`, invariant J4) instead
+/// of float32 (J1). Only with `FLAG_JOINT`; builds before it refuse the stream (unknown flag).
+pub const FLAG_JOINT_INT: u16 = 1 << 6;
+const KNOWN_FLAGS: u16 = FLAG_PREDICTED
+    | FLAG_TORCH_HINT
+    | FLAG_FAST_MODEL
+    | FLAG_JOINT
+    | FLAG_TOKEN_SCALE
+    | FLAG_FAST_LANE
+    | FLAG_JOINT_INT;
 
 const FIXED_LEN: usize = 24;
 const MODEL_PARAMS_LEN: usize = 16;
@@ -394,6 +402,9 @@ impl Header {
         }
         if flags & FLAG_TOKEN_SCALE != 0 && flags & FLAG_JOINT == 0 {
             return corrupt("the token scale is set on a stream without the joint model");
+        }
+        if flags & FLAG_JOINT_INT != 0 && flags & FLAG_JOINT == 0 {
+            return corrupt("the joint model's integer form is set on a stream without the joint model");
         }
         if fast && fast_lane::Split::of(dtype).is_none() {
             return corrupt(format!("the fast lane does not code {}", dtype.name()));
