@@ -30,7 +30,9 @@
 //! itself (not `mu + 0.0`, which would turn -0.0 into +0.0), its scalars in one run.
 //!
 //! A stream may also scale each token's sigmas by its residuals so far (`crate::token_scale`,
-//! invariant J3); J2 layers are coded with their sigmas as given.
+//! invariant J3); J2 layers are coded with their sigmas as given. A stream with
+//! `FLAG_JOINT_INT` computes `acc` in the integer form instead (`crate::joint_integer`,
+//! invariant J4: `Joint::integer`); J2 and J3 hold there alike.
 
 use std::sync::OnceLock;
 
