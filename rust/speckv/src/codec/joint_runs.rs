@@ -86,18 +86,11 @@ fn joint_runs_body<W: Word>(
     // channels in whole blocks take their first terms together (`Joint::block`)
     let blocked = joint.channels / BLOCK * BLOCK;
     let mut block = vec![0f32; BLOCK * t];
-    // with a token scale: the scaled codes and the run's values (taken against two means)
-    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t], vec![0f32; t]));
+    let mut energy = energy(model, t);
     for local in (0..x.len()).step_by(per_layer) {
         let layer = (start + local) / per_layer;
-        if joint.is_plain(layer) {
-            // invariant J2: the layer against mu as it is, one run
-            let run = local..local + per_layer;
-            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
+        if plain_layer(joint, &mut energy, layer, local, x, mu, codes, start, &mut code_run) {
             continue;
-        }
-        if let Some((e, _, _)) = &mut energy {
-            e.reset();
         }
         for i in 0..joint.channels {
             let run = local + i * t..local + (i + 1) * t;
@@ -111,21 +104,85 @@ fn joint_runs_body<W: Word>(
             } else {
                 joint.conditional(layer, i, base, &own, &mut corrected);
             }
-            let calibrated = &codes[run.clone()];
             let own_run = &mut own[i * t..(i + 1) * t];
-            match &mut energy {
-                Some((e, scaled, values)) => {
-                    e.codes(i, calibrated, scaled);
-                    code_run(&mut x[run.clone()], &corrected, scaled);
-                    values_into(dtype, &x[run], values);
-                    e.add(values, &corrected, calibrated);
-                    residuals_of(values, base, own_run);
-                }
-                None => {
-                    code_run(&mut x[run.clone()], &corrected, calibrated);
-                    residuals(dtype, &x[run], base, own_run);
-                }
-            }
+            code_channel(
+                dtype,
+                &mut energy,
+                i,
+                &mut x[run.clone()],
+                &corrected,
+                &codes[run],
+                base,
+                own_run,
+                &mut code_run,
+            );
+        }
+    }
+}
+
+/// With a token scale: its energy, the scaled codes and the run's values (taken against two
+/// means).
+type Energy = Option<(TokenEnergy, Vec<i16>, Vec<f32>)>;
+
+/// A stream's `Energy` for runs of `tokens` (None without a token scale).
+fn energy(model: &StreamModel, tokens: usize) -> Energy {
+    model.token_scale.map(|s| (TokenEnergy::new(s, tokens), vec![0i16; tokens], vec![0f32; tokens]))
+}
+
+/// Invariant J2 for the layer at `local` of the chunk: where its parameters are all zero, the
+/// layer is coded against `mu` as it is, one run, and this returns true; otherwise the token
+/// scale's energy starts over for it.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn plain_layer<W: Word>(
+    joint: &Joint,
+    energy: &mut Energy,
+    layer: usize,
+    local: usize,
+    x: &mut [W],
+    mu: &[f32],
+    codes: &[i16],
+    start: usize,
+    code_run: &mut impl FnMut(&mut [W], &[f32], &[i16]),
+) -> bool {
+    if joint.is_plain(layer) {
+        let run = local..local + joint.layer_scalars();
+        code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
+        return true;
+    }
+    if let Some((e, _, _)) = energy {
+        e.reset();
+    }
+    false
+}
+
+/// Codes channel `i`'s run `x` against its conditional mu `corrected` and calibrated sigma
+/// codes (scaled per token with a token scale, J3), then writes its residuals against the
+/// unconditional `base` into `own` (J1's `e`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn code_channel<W: Word>(
+    dtype: crate::dtype::DType,
+    energy: &mut Energy,
+    i: usize,
+    x: &mut [W],
+    corrected: &[f32],
+    calibrated: &[i16],
+    base: &[f32],
+    own: &mut [f32],
+    code_run: &mut impl FnMut(&mut [W], &[f32], &[i16]),
+) {
+    match energy {
+        Some((e, scaled, values)) => {
+            e.codes(i, calibrated, scaled);
+            code_run(x, corrected, scaled);
+            values_into(dtype, x, values);
+            e.add(values, corrected, calibrated);
+            residuals_of(values, base, own);
+        }
+        None => {
+            code_run(x, corrected, calibrated);
+            residuals(dtype, x, base, own);
         }
     }
 }
@@ -160,17 +217,11 @@ fn integer_runs<W: Word>(
     let mut corrected = vec![0f32; t];
     let mut acc = vec![0i32; INT_BLOCK * t];
     let zero_row = vec![0i16; row_len];
-    let mut energy = model.token_scale.map(|s| (TokenEnergy::new(s, t), vec![0i16; t], vec![0f32; t]));
+    let mut energy = energy(model, t);
     for local in (0..x.len()).step_by(per_layer) {
         let layer = (start + local) / per_layer;
-        if joint.is_plain(layer) {
-            // invariant J2: the layer against mu as it is, one run
-            let run = local..local + per_layer;
-            code_run(&mut x[run.clone()], &mu[start + run.start..start + run.end], &codes[run]);
+        if plain_layer(joint, &mut energy, layer, local, x, mu, codes, start, &mut code_run) {
             continue;
-        }
-        if let Some((en, _, _)) = &mut energy {
-            en.reset();
         }
         let scale = &integer.scale[layer * width..(layer + 1) * width];
         let rows = &integer.coef[layer * c * row_len..(layer + 1) * c * row_len];
@@ -205,20 +256,17 @@ fn integer_runs<W: Word>(
             let sums = &acc[(i - i0) * t..(i - i0 + 1) * t];
             let earlier = &own_q[i0 * t..i * t];
             finish(row, ep, i0, earlier, sums, joint.offset[ch], integer.unit[ch], base, &mut corrected);
-            let calibrated = &codes[run.clone()];
-            match &mut energy {
-                Some((en, scaled, values)) => {
-                    en.codes(i, calibrated, scaled);
-                    code_run(&mut x[run.clone()], &corrected, scaled);
-                    values_into(dtype, &x[run], values);
-                    en.add(values, &corrected, calibrated);
-                    residuals_of(values, base, &mut own);
-                }
-                None => {
-                    code_run(&mut x[run.clone()], &corrected, calibrated);
-                    residuals(dtype, &x[run], base, &mut own);
-                }
-            }
+            code_channel(
+                dtype,
+                &mut energy,
+                i,
+                &mut x[run.clone()],
+                &corrected,
+                &codes[run],
+                base,
+                &mut own,
+                &mut code_run,
+            );
             quantise_row(&own, scale[e + i], &mut own_q[i * t..(i + 1) * t]);
             if i % 2 == 1 || i + 1 == c {
                 // channel i - 1's pair complete (an odd count's last pair: row c is 0)
@@ -290,6 +338,24 @@ mod tests {
             let portable = runs_of(false, &model, &joint, &mut x, &mu, &codes);
             assert_eq!(wide.len(), 2 * n);
             assert!(wide == portable, "token scale {scale:?}");
+        }
+        // the integer form (J4), an odd count of outside channels and of own ones
+        let e = 3;
+        let outside: Vec<f32> = (0..layers * e * t).map(|_| small(next()) * 4.0).collect();
+        let coef: Vec<f32> = (0..layers * c * (e + c)).map(|k| if k % 4 == 0 { 0.0 } else { small(next()) }).collect();
+        let sigma: Vec<f32> = (0..layers * (e + c)).map(|_| 0.01 + small(next()).abs()).collect();
+        let (scale, a, unit) = crate::joint_integer::build(c, e, &coef, &sigma).unwrap();
+        let integer = IntegerJoint { scale: &scale, coef: &a, unit: &unit };
+        let float = Joint { outside_channels: e, outside: &outside, coef: &coef, ..joint };
+        let joint = Joint { integer: Some(integer), ..float };
+        for scale in [None, Some(TokenScale::default())] {
+            let mut model = StreamModel::new(DType::BFloat16, ModelParams::default(), ModelKind::Bins, 1, 1);
+            model.token_scale = scale;
+            let wide = runs_of(true, &model, &joint, &mut x.clone(), &mu, &codes);
+            let portable = runs_of(false, &model, &joint, &mut x.clone(), &mu, &codes);
+            assert!(wide == portable, "integer form, token scale {scale:?}");
+            // (the integer form's runs are not the float form's: its flag tells decoders)
+            assert!(runs_of(false, &model, &float, &mut x.clone(), &mu, &codes) != wide);
         }
     }
 }
