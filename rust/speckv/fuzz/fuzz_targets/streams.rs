@@ -126,6 +126,12 @@ fuzz_target!(|case: Case| {
     let outside: Vec<f32> = cycle(&case.coef, layers * width * tokens, 0.5);
     let coef: Vec<f32> = cycle(&case.coef, layers * channels * (width + channels), 0.0);
     let offset: Vec<f32> = cycle(&case.coef, layers * channels, 0.0).iter().map(|c| c / 4.0).collect();
+    // every other joint case in the integer form (J4), its sigmas from the same bytes
+    let sigmas: Vec<f32> = cycle(&case.coef, layers * (width + channels), 1.0);
+    let form = case
+        .joint
+        .filter(|e| e / 3 % 2 == 1)
+        .map(|_| speckv::joint_integer::build(channels, width, &coef, &sigmas).expect("whole layers"));
     let joint = case.joint.map(|_| Joint {
         channels,
         tokens,
@@ -133,7 +139,7 @@ fuzz_target!(|case: Case| {
         outside: &outside,
         coef: &coef,
         offset: &offset,
-        integer: None,
+        integer: form.as_ref().map(|(scale, coef, unit)| speckv::joint_integer::IntegerJoint { scale, coef, unit }),
     });
     let prediction = Prediction { mu: &mu, sigma, joint };
     let prediction = case.predicted.then_some(&prediction);
