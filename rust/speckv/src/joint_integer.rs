@@ -79,9 +79,10 @@ pub fn residual_scale(sigma: f32) -> f32 {
 
 /// The integer form of a float joint model: `coef` (`layers x C x (E + C)`, as
 /// `crate::joint::Joint` takes it) and each source channel's sigma (`layers x (E + C)`) into
-/// `(scale, A, unit)` (the module's rule). Each row's unit is the smallest power of two for
-/// which its largest `|a / scale|` fits `LIMIT`; `A` is `a / (scale * unit)` rounded to
-/// nearest even (exact powers of two in float64: one rounding).
+/// `(scale, A, unit)` (the module's rule). Row `i` takes the coefficients J1 reads (the
+/// outside channels', own channels' before `i`; the rest are 0); its unit is the smallest power
+/// of two for which its largest `|a / scale|` fits `LIMIT`; `A` is `a / (scale * unit)`
+/// rounded to nearest even (exact powers of two in float64: one rounding).
 pub fn build(channels: usize, outside: usize, coef: &[f32], sigma: &[f32]) -> Result<(Vec<f32>, Vec<i16>, Vec<f32>)> {
     let width = outside + channels;
     if channels == 0 || !sigma.len().is_multiple_of(width) || coef.len() != sigma.len() / width * channels * width {
@@ -99,9 +100,11 @@ pub fn build(channels: usize, outside: usize, coef: &[f32], sigma: &[f32]) -> Re
     for layer in 0..layers {
         let scales = &scale[layer * width..(layer + 1) * width];
         for i in 0..channels {
-            let row = &coef[(layer * channels + i) * width..][..width];
+            // the sources row `i` reads (J1: the outside channels, own channels before `i`)
+            let used = outside + i;
+            let row = &coef[(layer * channels + i) * width..][..used];
             let ratio = |s: usize| row[s] as f64 / scales[s] as f64;
-            let largest = (0..width).map(|s| ratio(s).abs()).filter(|r| r.is_finite()).fold(0f64, f64::max);
+            let largest = (0..used).map(|s| ratio(s).abs()).filter(|r| r.is_finite()).fold(0f64, f64::max);
             if largest < f64::MIN_POSITIVE {
                 continue; // an all-zero row: unit 1, no terms
             }
@@ -113,7 +116,7 @@ pub fn build(channels: usize, outside: usize, coef: &[f32], sigma: &[f32]) -> Re
             let k = k.clamp(-126, 127);
             unit[layer * channels + i] = pow2(k);
             let out = &mut a[(layer * channels + i) * (ep + cp)..][..ep + cp];
-            for s in 0..width {
+            for s in 0..used {
                 let q = (ratio(s) / 2f64.powi(k)).round_ties_even();
                 let q = if q.is_finite() { q.clamp(-(LIMIT as f64), LIMIT as f64) as i16 } else { 0 };
                 out[if s < outside { s } else { ep + s - outside }] = q;
@@ -359,7 +362,8 @@ mod tests {
         assert_eq!(residual_scale(f32::NAN), 1.0);
         assert_eq!(residual_scale(-1.0), 1.0);
         // 2 channels, 1 outside, one layer: rows [a(outside), a(own 0), a(own 1)]
-        let coef = [0.5f32, 0.0, 0.0, -0.25, 1.5, 0.0];
+        // (the 7s and 9s: coefficients J1 never reads, on a channel's own or later channels)
+        let coef = [0.5f32, 7.0, 9.0, -0.25, 1.5, 9.0];
         let sigma = [1.0f32, 2.0, 4.0];
         let (scale, a, unit) = build(2, 1, &coef, &sigma).unwrap();
         assert_eq!(scale, [256.0, 128.0, 64.0]);
@@ -371,6 +375,8 @@ mod tests {
             assert_eq!(row[1], 0);
             assert_eq!(row[3], 0);
         }
+        // row 0 reads no own channel
+        assert_eq!(a[2], 0);
         // what the integers stand for, within one unit each
         let back = |i: usize, s: usize, col: usize| a[i * 4 + col] as f64 * unit[i] as f64 * scale[s] as f64;
         assert!((back(0, 0, 0) - 0.5).abs() <= unit[0] as f64 * 256.0);
