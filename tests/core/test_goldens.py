@@ -45,12 +45,17 @@ def _case(dtype: str, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (mu + noise).astype(DTYPES[dtype]), mu, sigma
 
 
-def _joint(seed: int, scaled: bool) -> speckv.Joint:
+def _joint(seed: int, scaled: bool, sigma: np.ndarray | None = None) -> speckv.Joint:
+    """The joint model of a golden; with ``sigma`` (the case's, per channel) in its integer
+    form too (``speckv.joint_integer``)."""
     rng = np.random.default_rng(seed)
     layers, channels, tokens = SHAPE
     coef = (0.2 * rng.standard_normal((layers, channels, channels))).astype(np.float32)
     offset = (0.01 * rng.standard_normal((layers, channels))).astype(np.float32)
-    return speckv.Joint(channels, tokens, coef, offset, None, speckv.TokenScale() if scaled else None)
+    integer = None
+    if sigma is not None:
+        integer = speckv.joint_integer(channels, coef, np.tile(sigma.reshape(1, -1), (layers, 1)))
+    return speckv.Joint(channels, tokens, coef, offset, None, speckv.TokenScale() if scaled else None, integer)
 
 
 def cases() -> dict[str, tuple[bytes, dict]]:
@@ -71,6 +76,12 @@ def cases() -> dict[str, tuple[bytes, dict]]:
                 data = speckv.encode(x, mu, sigma, chunk_size=SHAPE[1] * SHAPE[2], joint=joint)
                 name = f"{dtype}-joint{'-scaled' if scaled else ''}"
                 out[name] = (data, {"dtype": dtype, "seed": 100 + i, "predicted": True, "joint": 200 + i})
+        if dtype == "bf16":  # the joint model's integer form (FLAG_JOINT_INT), as the bins model codes it
+            for scaled in (False, True):
+                joint = _joint(200 + i, scaled, sigma)
+                data = speckv.encode(x, mu, sigma, model="bins", chunk_size=SHAPE[1] * SHAPE[2], joint=joint)
+                how = {"dtype": dtype, "seed": 100 + i, "predicted": True, "joint": 200 + i, "integer": True}
+                out[f"{dtype}-joint-int{'-scaled' if scaled else ''}"] = (data, how)
     # a cache container per layout: 2 layers, K and V, 300 tokens in blocks of 128
     x, mu, sigma = _case("bf16", 300)
     stacked, per_layer = [], []
@@ -134,11 +145,14 @@ def test_every_golden_file_decodes(name):
     x, mu, sigma = _case(how["dtype"], how["seed"])
     kw = {}
     if "joint" in how:
-        kw["joint"] = _joint(how["joint"], False)  # the decoder reads the token scale from the stream
+        # the decoder reads the token scale and the form from the stream
+        kw["joint"] = _joint(how["joint"], False, sigma if how.get("integer") else None)
     y = speckv.decode(data, mu, sigma, **kw) if how["predicted"] else speckv.decode(data)
     word = {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
     assert np.array_equal(np.asarray(y).view(word), x.view(word))
     assert speckv.info(data)["chunks"] >= (1 if "joint" in how else 5)
+    if "joint" in how:
+        assert speckv.info(data)["joint_integer"] == bool(how.get("integer"))
 
 
 # Version-1 streams written by the version-1 code itself (5aa81ab, the commit before format 2),
