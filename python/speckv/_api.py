@@ -74,7 +74,24 @@ class Joint:
         outside = _EMPTY if self.outside is None else np.asarray(self.outside, np.float32)
         width = np.shape(self.coef)[-1] if np.ndim(self.coef) else 0
         e = int(width) - int(self.channels)
-        return (int(self.channels), int(self.tokens), e, np.ascontiguousarray(outside).reshape(-1), *flat, self.integer)
+        outside = np.ascontiguousarray(outside).reshape(-1)
+        return (int(self.channels), int(self.tokens), e, outside, *flat, self._integer())
+
+    def _integer(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``integer`` as the core takes it (flat, contiguous), its types checked: what
+        ``joint_integer`` returns, never silently converted."""
+        if self.integer is None:
+            return None
+        if not isinstance(self.integer, tuple) or len(self.integer) != 3:
+            raise TypeError("joint: integer: expected (scales, coefficients, units) as speckv.joint_integer returns")
+        parts = []
+        kinds = ((np.float32, "scales"), (np.int16, "coefficients"), (np.float32, "units"))
+        for part, (want, name) in zip(self.integer, kinds):
+            arr = np.asarray(part)
+            if arr.dtype != want:
+                raise TypeError(f"joint: integer {name}: expected {np.dtype(want).name}, got {arr.dtype}")
+            parts.append(np.ascontiguousarray(arr).reshape(-1))
+        return (parts[0], parts[1], parts[2])
 
 
 def joint_integer(channels: int, coef: Any, sigma: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

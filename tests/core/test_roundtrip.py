@@ -349,6 +349,28 @@ def test_joint_streams_round_trip_exactly(layers, channels, tokens, outside, see
         speckv.decode(data, mu, sigma, joint=other)
 
 
+def test_the_integer_form_is_checked():
+    """A joint model's integer form of the wrong types or sizes: a typed error, never a
+    conversion or a panic."""
+    x = np.zeros((1, 2, 8), np.float16)
+    mu, sigma = np.zeros_like(x, np.float32), np.ones((2, 1), np.float32)
+    coef = np.zeros((1, 2, 2), np.float32)
+    good = speckv.joint_integer(2, coef, np.ones((1, 2), np.float32))
+    assert [a.dtype for a in good] == [np.float32, np.int16, np.float32]
+    bad = [
+        ((good[0], good[1].astype(np.int32), good[2]), TypeError, "coefficients"),
+        ((good[0], good[1]), TypeError, "expected"),
+        ((good[0][:1], good[1], good[2]), speckv.SpeckvError, "residual scales"),
+        ((good[0], good[1][1:], good[2]), speckv.SpeckvError, "integer coefficients"),
+    ]
+    for integer, error, match in bad:
+        joint = speckv.Joint(2, 8, coef, np.zeros((1, 2), np.float32), integer=integer)
+        with pytest.raises(error, match=match):
+            speckv.encode(x, mu, sigma, chunk_size=16, joint=joint)
+    with pytest.raises(speckv.SpeckvError, match="whole layers"):
+        speckv.joint_integer(2, coef, np.ones(3, np.float32))
+
+
 def test_token_scale_knobs_are_checked():
     x = np.zeros((1, 2, 8), np.float16)
     for bad in (speckv.TokenScale(prior=0), speckv.TokenScale(clamp=256), speckv.TokenScale(prior=True)):
