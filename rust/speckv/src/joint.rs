@@ -392,8 +392,8 @@ unsafe fn sum_wide(s: &Sum, mu: &[f32], out: &mut [f32]) {
     sum_tiles::<WIDE_TILE>(s, mu, out)
 }
 
-/// Which kernel computes the joint sums here: `"avx512"` or `"portable"` (the same bits,
-/// invariant J1).
+/// Which kernel computes the joint sums here: `"avx512"` or `"portable"` (no AVX-512, or
+/// `SPECKV_SIMD=0` or `avx2`, as for the other parts' kernels; the same bits, invariant J1).
 pub fn kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     if wide_kernels() {
@@ -402,10 +402,15 @@ pub fn kernel() -> &'static str {
     "portable"
 }
 
+/// Whether the AVX-512 kernels of the joint sums and of a jointly coded chunk's per-run loops
+/// (`codec::joint_runs`) run here: AVX2 and AVX-512F, unless `SPECKV_SIMD` is `0` or `avx2`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn wide_kernels() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
-    *WIDE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avx512f"))
+    *WIDE.get_or_init(|| {
+        let simd = std::env::var("SPECKV_SIMD").unwrap_or_default();
+        !matches!(simd.trim(), "0" | "avx2") && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avx512f")
+    })
 }
 
 /// `out[k] = value(x[k])` in float32 (NaN or an infinity for non-finite patterns, which

@@ -152,10 +152,18 @@ pub fn quantise(e: f32, scale: f32) -> i16 {
 /// `out[t] = quantise(e[t], scale)`: one source's residuals, one row.
 pub fn quantise_row(e: &[f32], scale: f32, out: &mut [i16]) {
     #[cfg(target_arch = "x86_64")]
-    if kernel() != "portable" {
-        // SAFETY: `kernel()` checked at run time that this CPU has AVX-512F (and BW).
-        unsafe { quantise_wide(e, scale, out) };
-        return;
+    match kernel() {
+        "portable" => {}
+        "avx2" => {
+            // SAFETY: `kernel()` checked at run time that this CPU has AVX2.
+            unsafe { quantise_avx2(e, scale, out) };
+            return;
+        }
+        _ => {
+            // SAFETY: `kernel()` checked at run time that this CPU has AVX-512F (and BW).
+            unsafe { quantise_wide(e, scale, out) };
+            return;
+        }
     }
     for (slot, &r) in out.iter_mut().zip(e) {
         *slot = quantise(r, scale);
@@ -181,6 +189,33 @@ unsafe fn quantise_wide(e: &[f32], scale: f32, out: &mut [i16]) {
             _mm256_storeu_si256(out.as_mut_ptr().add(k).cast(), _mm512_cvtepi32_epi16(q));
         }
         k += 16;
+    }
+    for (slot, &r) in out[k..n].iter_mut().zip(&e[k..n]) {
+        *slot = quantise(r, scale);
+    }
+}
+
+/// `quantise_row` eight at a time with AVX2: the same multiply and clamp (`max` before `min`,
+/// so a NaN becomes `-LIMIT` as `f32::max` makes it), the rounding to nearest, ties to even,
+/// written out (`vroundps`, then an exact conversion of an integral value), and the narrowing
+/// of values already in range; the tail as the portable code.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantise_avx2(e: &[f32], scale: f32, out: &mut [i16]) {
+    use std::arch::x86_64::*;
+    let n = e.len().min(out.len());
+    let (s, lo, hi) = (_mm256_set1_ps(scale), _mm256_set1_ps(-(LIMIT as f32)), _mm256_set1_ps(LIMIT as f32));
+    let mut k = 0;
+    while k + 8 <= n {
+        // SAFETY: eight floats of `e` and eight int16 of `out` from `k` (`k + 8 <= n`).
+        unsafe {
+            let v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(e.as_ptr().add(k)), s), lo), hi);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            let q = _mm256_cvttps_epi32(r);
+            let narrow = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+            _mm_storeu_si128(out.as_mut_ptr().add(k).cast(), narrow);
+        }
+        k += 8;
     }
     for (slot, &r) in out[k..n].iter_mut().zip(&e[k..n]) {
         *slot = quantise(r, scale);
@@ -220,6 +255,11 @@ pub fn block(rows: [&[i16]; BLOCK], q: &[i16], tokens: usize, pairs: usize, acc:
         "avx512" => {
             // SAFETY: `kernel()` checked at run time that this CPU has AVX-512F and BW.
             unsafe { block_bw(rows, q, tokens, pairs, acc) };
+            return;
+        }
+        "avx2" => {
+            // SAFETY: `kernel()` checked at run time that this CPU has AVX2.
+            unsafe { block_avx2(rows, q, tokens, pairs, acc) };
             return;
         }
         _ => {}
@@ -296,19 +336,64 @@ block_kernel!(block_vnni, "avx512f,avx512bw,avx512vnni", |s, a, x| _mm512_dpwssd
 #[cfg(target_arch = "x86_64")]
 block_kernel!(block_bw, "avx512f,avx512bw", |s, a, x| _mm512_add_epi32(s, _mm512_madd_epi16(a, x)));
 
+/// Tokens per tile of the AVX2 kernel: `BLOCK` x 2 vectors of eight int32 sums in registers
+/// (sixteen 256-bit registers in all, the sources and the coefficient among them).
+const TILE_AVX2: usize = 16;
+
+/// `block` with AVX2 (`vpmaddwd`, then add): a tile's `BLOCK x 16` sums in eight registers,
+/// each pair of sources loaded once for the block; the partial tile in plain Rust (the same
+/// integers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2(rows: [&[i16]; BLOCK], q: &[i16], tokens: usize, pairs: usize, acc: &mut [i32]) {
+    use std::arch::x86_64::*;
+    const V: usize = 8;
+    let mut t0 = 0;
+    while t0 + TILE_AVX2 <= tokens {
+        let mut sum: [[__m256i; 2]; BLOCK] = [[_mm256_setzero_si256(); 2]; BLOCK];
+        for p in 0..pairs {
+            let src = q[(p * tokens + t0) * 2..][..TILE_AVX2 * 2].as_ptr();
+            // SAFETY: `src` points at TILE_AVX2 pairs of int16 (sliced above).
+            let x: [__m256i; 2] = std::array::from_fn(|v| unsafe { _mm256_loadu_si256(src.add(v * 2 * V).cast()) });
+            for (c, row) in sum.iter_mut().enumerate() {
+                let a = _mm256_set1_epi32(pair(rows[c], p));
+                for v in 0..2 {
+                    row[v] = _mm256_add_epi32(row[v], _mm256_madd_epi16(a, x[v]));
+                }
+            }
+        }
+        for (c, row) in sum.iter().enumerate() {
+            for (v, &r) in row.iter().enumerate() {
+                let out = acc[c * tokens + t0 + v * V..][..V].as_mut_ptr();
+                // SAFETY: `out` points at eight int32 of `acc` (sliced above).
+                unsafe { _mm256_storeu_si256(out.cast(), r) };
+            }
+        }
+        t0 += TILE_AVX2;
+    }
+    if t0 < tokens {
+        block_portable(rows, q, tokens, pairs, acc, t0);
+    }
+}
+
 /// Which kernel computes the integer sums here: `"avx512-vnni"`, `"avx512"` (multiply-add
-/// pairs, then add) or `"portable"` (also under `SPECKV_SIMD=0` or `avx2`, as the other
-/// parts' kernels): the same integers (J4).
+/// pairs, then add), `"avx2"` (the same, eight lanes; also under `SPECKV_SIMD=avx2`) or
+/// `"portable"` (another architecture, no AVX2, or `SPECKV_SIMD=0`): the same integers (J4).
 pub fn kernel() -> &'static str {
     static KERNEL: OnceLock<&'static str> = OnceLock::new();
     KERNEL.get_or_init(|| {
         let simd = std::env::var("SPECKV_SIMD").unwrap_or_default();
-        let wide = !matches!(simd.trim(), "0" | "avx2");
+        let (any, wide) = (simd.trim() != "0", !matches!(simd.trim(), "0" | "avx2"));
         #[cfg(target_arch = "x86_64")]
-        if wide && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-            return if is_x86_feature_detected!("avx512vnni") { "avx512-vnni" } else { "avx512" };
+        {
+            if wide && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                return if is_x86_feature_detected!("avx512vnni") { "avx512-vnni" } else { "avx512" };
+            }
+            if any && is_x86_feature_detected!("avx2") {
+                return "avx2";
+            }
         }
-        let _ = wide; // (no wide kernel off x86-64)
+        let _ = (any, wide); // (no vector kernel off x86-64)
         "portable"
     })
 }
@@ -396,7 +481,7 @@ mod tests {
         };
         // ties at every half, extremes, subnormals, infinities, and random values
         let mut e: Vec<f32> = (-80..80).map(|k| k as f32 * 0.5).collect();
-        e.extend([f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -f32::MAX, 1e-40, -1e-40, 0.0, -0.0]);
+        e.extend([f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -f32::MAX, 1e-40, -1e-40, 0.0, -0.0, f32::NAN]);
         e.extend((0..300).map(|_| f32::from_bits(next() % 0x7f80_0000) * if next() % 2 == 0 { 1.0 } else { -1.0 }));
         for scale in [1.0f32, 256.0, 0.5, 2f32.powi(-40), 2f32.powi(40)] {
             for len in [e.len(), 17, 16, 3] {
@@ -404,6 +489,13 @@ mod tests {
                 quantise_row(&e[..len], scale, &mut row);
                 let want: Vec<i16> = e[..len].iter().map(|&r| quantise(r, scale)).collect();
                 assert_eq!(row, want, "scale {scale} len {len} kernel {}", kernel());
+                #[cfg(target_arch = "x86_64")]
+                if crate::test_env::have("avx2", is_x86_feature_detected!("avx2"), "no AVX2 on this processor") {
+                    let mut narrow = vec![9i16; len];
+                    // SAFETY: AVX2 checked just above.
+                    unsafe { quantise_avx2(&e[..len], scale, &mut narrow) };
+                    assert_eq!(narrow, want, "avx2: scale {scale} len {len}");
+                }
             }
         }
     }
@@ -458,6 +550,14 @@ mod tests {
                 // SAFETY: AVX-512F and BW checked just above.
                 unsafe { block_bw(rows, &q, tokens, pairs, &mut bw) };
                 assert_eq!(bw, portable, "tokens {tokens} pairs {pairs}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if crate::test_env::have("avx2", is_x86_feature_detected!("avx2"), "no AVX2 on this processor") {
+                // the AVX2 kernel, whichever this process picked
+                let mut narrow = vec![4i32; BLOCK * tokens];
+                // SAFETY: AVX2 checked just above.
+                unsafe { block_avx2(rows, &q, tokens, pairs, &mut narrow) };
+                assert_eq!(narrow, portable, "avx2: tokens {tokens} pairs {pairs}");
             }
         }
     }
