@@ -462,6 +462,9 @@ mod tests {
                 let end = (at + len).min(n);
                 match how {
                     "portable" => dec.run_portable(&mut out[at..end], &mu[at..end], &codes[at..end]),
+                    // SAFETY: only asked for where `avx2_present()` (below).
+                    #[cfg(target_arch = "x86_64")]
+                    "avx2" => unsafe { dec.run_avx2(&mut out[at..end], &mu[at..end], &codes[at..end]) },
                     _ => dec.run(&mut out[at..end], &mu[at..end], &codes[at..end]),
                 }
                 at = end;
@@ -471,6 +474,10 @@ mod tests {
         };
         assert_eq!(decode("portable"), x);
         assert_eq!(decode("auto"), x);
+        #[cfg(target_arch = "x86_64")]
+        if crate::test_env::have("avx2", decoder::avx2_present(), "no AVX2 (with BMI and LZCNT) here") {
+            assert_eq!(decode("avx2"), x);
+        }
         #[cfg(target_arch = "x86_64")]
         {
             avx512::NO_VBMI.with(|v| v.set(true));

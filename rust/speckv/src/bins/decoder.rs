@@ -182,10 +182,31 @@ impl<'a> Decoder<'a> {
     /// kernel: `avx512` where it runs, else `run_portable`).
     pub fn run<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
         #[cfg(target_arch = "x86_64")]
-        if avx512::enabled() {
-            self.run_vector(out, mu, codes);
-            return;
+        {
+            if avx512::enabled() {
+                self.run_vector(out, mu, codes);
+                return;
+            }
+            if avx2_enabled() {
+                // SAFETY: `avx2_enabled()` checked at run time that this CPU has AVX2, BMI1,
+                // BMI2, LZCNT and POPCNT.
+                unsafe { self.run_avx2(out, mu, codes) };
+                return;
+            }
         }
+        self.run_portable(out, mu, codes)
+    }
+
+    /// `run_portable` compiled for AVX2 and the scalar bit instructions beside it: B1's pass
+    /// over the run in vectors, and the leading and trailing zero counts of B3 (one
+    /// instruction each, where the baseline build branches around `bsr`/`bsf`). The same code,
+    /// so the same output.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT (`avx2_enabled`).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) unsafe fn run_avx2<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
         self.run_portable(out, mu, codes)
     }
 
@@ -228,7 +249,8 @@ impl<'a> Decoder<'a> {
 
     /// `run` in three passes that each keep the processor busy: every scalar's place (B1),
     /// then the rANS steps alone (a short loop whose 32 independent chains overlap), then the
-    /// patterns and raw bits.
+    /// patterns and raw bits. Inlined, so that `run_avx2` compiles it for its features.
+    #[inline(always)]
     pub(super) fn run_portable<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
         let l = self.layout;
         let n = out.len();
@@ -273,12 +295,36 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// Which kernel decodes the bins model here: `"avx512"` or `"portable"` (same output;
-/// `SPECKV_SIMD=0` or `avx2` forces the portable code).
+/// Which kernel decodes the bins model here: `"avx512"`, `"avx2"` (the portable code compiled
+/// for AVX2, `Decoder::run_avx2`; also under `SPECKV_SIMD=avx2`) or `"portable"` (another
+/// architecture, no AVX2, or `SPECKV_SIMD=0`). The same output.
 pub fn kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
-    if avx512::enabled() {
-        return "avx512";
+    {
+        if avx512::enabled() {
+            return "avx512";
+        }
+        if avx2_enabled() {
+            return "avx2";
+        }
     }
     "portable"
+}
+
+/// True when `run_avx2` runs here: `avx2_present()` and `SPECKV_SIMD` is not `0`.
+#[cfg(target_arch = "x86_64")]
+fn avx2_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("SPECKV_SIMD").map_or(true, |v| v.trim() != "0") && avx2_present())
+}
+
+/// True when this processor has AVX2 with BMI1, BMI2, LZCNT and POPCNT (every AVX2 processor
+/// since Haswell): what `run_avx2` needs.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn avx2_present() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("bmi1")
+        && is_x86_feature_detected!("bmi2")
+        && is_x86_feature_detected!("lzcnt")
+        && is_x86_feature_detected!("popcnt")
 }
