@@ -179,7 +179,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// The next `out.len()` scalars, against `mu` and their sigma codes (the same for every
-    /// kernel: `avx512` where it runs, else `run_portable`).
+    /// kernel: `avx512` where it runs, else `run_avx2` where AVX2 is, else `run_portable`).
     pub fn run<W: Word>(&mut self, out: &mut [W], mu: &[f32], codes: &[i16]) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -197,10 +197,11 @@ impl<'a> Decoder<'a> {
         self.run_portable(out, mu, codes)
     }
 
-    /// `run_portable` compiled for AVX2 and the scalar bit instructions beside it: B1's pass
-    /// over the run in vectors, and the leading and trailing zero counts of B3 (one
-    /// instruction each, where the baseline build branches around `bsr`/`bsf`). The same code,
-    /// so the same output.
+    /// `run_portable` compiled with AVX2 and the scalar bit instructions beside it available
+    /// to the compiler (B3's leading and trailing zero counts as `lzcnt`/`tzcnt`, where the
+    /// baseline build needs `bsr`/`bsf` and a test for zero; variable shifts without `cl`).
+    /// The same code, so the same output; measured 61-63 -> 66-67 Msym/s on `map` caches
+    /// (`docs/benchmarks/restore-profile.md`).
     ///
     /// # Safety
     /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT (`avx2_enabled`).
