@@ -592,6 +592,27 @@ mod tests {
                 let want = portable.finish_with(false);
                 assert_eq!(mixed, want, "{} v{}: the vector run's bits", dtype.name(), r.version);
                 assert_eq!(vector.finish_with(true), want, "{} v{}: the vector steps", dtype.name(), r.version);
+                if crate::test_env::have("avx2", decoder::avx2_present(), "no AVX2 (with BMI and LZCNT) here") {
+                    // the portable code compiled for AVX2 (`Encoder::run_avx2`, `finish_avx2`)
+                    let mut enc = Encoder::new(dtype, tables.clone(), n).unwrap();
+                    let mut at = 0;
+                    for len in [5usize, 16, 333, 17, 4096, n] {
+                        let end = (at + len).min(n);
+                        // SAFETY: AVX2 with BMI and LZCNT checked just above.
+                        unsafe {
+                            if width == 16 {
+                                let words: Vec<u16> = x[at..end].iter().map(|&w| w as u16).collect();
+                                enc.run_avx2(&words, &mu[at..end], &codes[at..end]);
+                            } else {
+                                let words: Vec<u8> = x[at..end].iter().map(|&w| w as u8).collect();
+                                enc.run_avx2(&words, &mu[at..end], &codes[at..end]);
+                            }
+                        }
+                        at = end;
+                    }
+                    // SAFETY: as above.
+                    assert_eq!(unsafe { enc.finish_avx2() }, want, "{} v{}: AVX2", dtype.name(), r.version);
+                }
             }
         }
     }

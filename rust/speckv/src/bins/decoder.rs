@@ -314,7 +314,7 @@ pub fn kernel() -> &'static str {
 
 /// True when `run_avx2` runs here: `avx2_present()` and `SPECKV_SIMD` is not `0`.
 #[cfg(target_arch = "x86_64")]
-fn avx2_enabled() -> bool {
+pub(super) fn avx2_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("SPECKV_SIMD").map_or(true, |v| v.trim() != "0") && avx2_present())
 }

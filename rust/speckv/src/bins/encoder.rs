@@ -30,7 +30,25 @@ impl Encoder {
     /// The next scalars `x`, against `mu` and their sigma codes: sixteen at a time with
     /// AVX-512 where it runs (`avx512_encoder`), else one at a time; the same bytes.
     pub fn run<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
+        #[cfg(target_arch = "x86_64")]
+        if !vector() && super::decoder::avx2_enabled() {
+            // SAFETY: `avx2_enabled()` checked at run time that this CPU has AVX2, BMI1, BMI2,
+            // LZCNT and POPCNT.
+            unsafe { self.run_avx2(x, mu, codes) };
+            return;
+        }
         self.run_with(x, mu, codes, vector())
+    }
+
+    /// `run` without AVX-512, compiled with AVX2 and the scalar bit instructions available to
+    /// the compiler (as `Decoder::run_avx2`): the same code, so the same bytes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT (`decoder::avx2_present`).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) unsafe fn run_avx2<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
+        self.run_portable(x, mu, codes)
     }
 
     /// `run`, with the vector groups where `vector` (the processor has AVX-512F).
@@ -51,6 +69,7 @@ impl Encoder {
         self.run_portable(&x[i..n], &mu[i..n], &codes[i..n]);
     }
 
+    #[inline(always)]
     fn run_portable<W: Word>(&mut self, x: &[W], mu: &[f32], codes: &[i16]) {
         let (l, r) = (self.layout, self.tables.revision);
         for ((&xw, &m), &c) in x.iter().zip(mu).zip(codes) {
@@ -81,11 +100,27 @@ impl Encoder {
 
     /// The chunk's payload (B4, the layout in the module doc).
     pub fn finish(self) -> Vec<u8> {
+        #[cfg(target_arch = "x86_64")]
+        if !vector() && super::decoder::avx2_enabled() {
+            // SAFETY: as in `run`.
+            return unsafe { self.finish_avx2() };
+        }
         self.finish_with(vector())
+    }
+
+    /// `finish` without AVX-512, compiled as `run_avx2` is: the same bytes.
+    ///
+    /// # Safety
+    /// As `run_avx2`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) unsafe fn finish_avx2(self) -> Vec<u8> {
+        self.finish_with(false)
     }
 
     /// `finish`, B4's steps sixteen states at a time where `vector` (the processor has
     /// AVX-512F); the same bytes.
+    #[inline(always)]
     pub(super) fn finish_with(self, vector: bool) -> Vec<u8> {
         let r = self.tables.revision;
         let mut state = [LOW; STATES];
@@ -114,6 +149,7 @@ impl Encoder {
     }
 
     /// B4 for the steps from `from` on, last first (the scalar loop).
+    #[inline(always)]
     fn steps_back(&self, from: usize, state: &mut [u32; STATES], words: &mut Vec<u16>) {
         // `j mod S` as a mask: S is a power of two (`Revision::states`), and a division per
         // scalar was a sixth of this loop
