@@ -131,13 +131,14 @@ class CodingParams:
         threads: int | None,
         model: _api.Model = "exact",
         layerwise: bool = False,
+        reading: bool = False,
     ) -> CodingPlan:
         """The plan of a container in ``mode`` (``joint``: coded with the joint model, where
-        the calibration has one)."""
+        the calibration has one; ``reading``: a decoder's, ``reading``)."""
         if mode not in MODES:
             raise ValueError(f"dtype: expected one of {sorted(MODES)}, got {mode!r}")
         joint = joint and bool(self.joint_layers)
-        return CodingPlan(self, mode, joint, _api.resolve_threads(threads), model, layerwise)
+        return CodingPlan(self, mode, joint, _api.resolve_threads(threads), model, layerwise, reading=reading)
 
     def reading(self, c: Container, threads: int | None, layerwise: bool) -> CodingPlan:
         """The plan a container was coded with, as its metadata says (the calibration, already
@@ -145,9 +146,7 @@ class CodingParams:
         joint = bool(c.metadata.get("joint"))
         if joint and not self.joint_layers:
             raise CorruptStreamError("cache container: joint coding without a joint calibration")
-        plan = self.plan(c.metadata["mode"], joint=joint, threads=threads, layerwise=layerwise)
-        plan.reading = True
-        return plan
+        return self.plan(c.metadata["mode"], joint=joint, threads=threads, layerwise=layerwise, reading=True)
 
     def layer(self, mode: str, layer: int, joint: bool) -> LayerPlan:
         """Layer ``layer``'s parameters in ``mode`` (``joint``: the joint model's gain and
